@@ -1,0 +1,153 @@
+"""Settings for ``compile_once``, validated in one dataclass.
+
+Every setting can be given three ways, and the first one present wins: an argument
+to :func:`coordinator.compile_once` (or :meth:`Config.resolve`), an environment
+variable, then the default. The environment variables let a launcher switch the
+coordinator on and tune it without touching the training script.
+
+===========================  ==============================  ==========================
+setting                      environment variable            default
+===========================  ==============================  ==========================
+store                        COORDINATOR_STORE               the job's c10d store
+secret                       COORDINATOR_SECRET              none (checksums only)
+lease                        COORDINATOR_LEASE_S             20 s
+wait_timeout                 COORDINATOR_WAIT_TIMEOUT_S      1800 s
+progress_interval            COORDINATOR_PROGRESS_S          10 s
+namespace                    COORDINATOR_NAMESPACE           ""
+caches                       COORDINATOR_CACHES              all five
+chunk_bytes                  COORDINATOR_CHUNK_BYTES         64 MiB
+ship_cpu_kernels             COORDINATOR_SHIP_CPU_KERNELS    true
+===========================  ==============================  ==========================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from datetime import timedelta
+from typing import Any
+
+from coordinator.errors import ConfigError
+
+#: Inductor caches the coordinator can route; see ``coordinator.inductor``.
+CACHE_KINDS = ("fx_graph", "autotune", "bundled_autotune", "aot_autograd", "pgo")
+
+_ENV = {
+    "store": "COORDINATOR_STORE",
+    "secret": "COORDINATOR_SECRET",
+    "lease": "COORDINATOR_LEASE_S",
+    "wait_timeout": "COORDINATOR_WAIT_TIMEOUT_S",
+    "progress_interval": "COORDINATOR_PROGRESS_S",
+    "namespace": "COORDINATOR_NAMESPACE",
+    "caches": "COORDINATOR_CACHES",
+    "chunk_bytes": "COORDINATOR_CHUNK_BYTES",
+    "ship_cpu_kernels": "COORDINATOR_SHIP_CPU_KERNELS",
+}
+
+
+def _seconds(name: str, raw: str) -> timedelta:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{_ENV[name]}={raw!r} is not a number of seconds") from None
+    return timedelta(seconds=value)
+
+
+def _flag(name: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{_ENV[name]}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+
+
+_PARSE_ENV = {
+    "store": lambda name, raw: raw,
+    "secret": lambda name, raw: raw,
+    "lease": _seconds,
+    "wait_timeout": _seconds,
+    "progress_interval": _seconds,
+    "namespace": lambda name, raw: raw,
+    "caches": lambda name, raw: tuple(part.strip() for part in raw.split(",") if part.strip()),
+    "chunk_bytes": lambda name, raw: int(raw),
+    "ship_cpu_kernels": _flag,
+}
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Config:
+    """Validated settings of one ``compile_once`` session."""
+
+    store: Any = None
+    """Where ranks meet: ``None`` for the job's torch.distributed store (the TCPStore
+    behind the default process group), a ``redis://``/``rediss://`` URL, a ``file://``
+    directory, a ``torch.distributed.Store`` or a ``coordinator.Store``."""
+
+    secret: bytes | None = None
+    """Shared secret: when set, every value is signed with HMAC-SHA256 and unsigned or
+    wrongly signed values are refused."""
+
+    lease: timedelta = timedelta(seconds=20)
+    """A claim whose heartbeat has not moved for this long is taken over by a waiter."""
+
+    wait_timeout: timedelta = timedelta(seconds=1800)
+    """Longest wait for one key; past it the waiter compiles locally."""
+
+    progress_interval: timedelta = timedelta(seconds=10)
+    """How often a waiting rank logs a progress line."""
+
+    namespace: str = ""
+    """Extra key prefix, e.g. a model or team name, for stores shared across jobs."""
+
+    caches: tuple[str, ...] = CACHE_KINDS
+    """Which Inductor caches to route through the coordinator."""
+
+    chunk_bytes: int = 64 * 1024 * 1024
+    """Largest single value written to Redis; larger values are split into chunks."""
+
+    ship_cpu_kernels: bool = True
+    """Ship the compiled C++ kernel libraries with each FX-graph entry (CPU)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.secret, str):
+            self.secret = self.secret.encode()
+        if self.secret is not None and len(self.secret) == 0:
+            self.secret = None
+        for name in ("lease", "wait_timeout", "progress_interval"):
+            value = getattr(self, name)
+            if isinstance(value, (int, float)):
+                value = timedelta(seconds=value)
+                setattr(self, name, value)
+            if not isinstance(value, timedelta) or value <= timedelta(0):
+                raise ConfigError(f"{name} must be a positive timedelta, got {value!r}")
+        if isinstance(self.caches, str):
+            self.caches = tuple(part.strip() for part in self.caches.split(",") if part.strip())
+        self.caches = tuple(self.caches)
+        unknown = sorted(set(self.caches) - set(CACHE_KINDS))
+        if unknown:
+            raise ConfigError(f"unknown cache kinds {unknown}; allowed: {', '.join(CACHE_KINDS)}")
+        if self.chunk_bytes < 1024:
+            raise ConfigError(f"chunk_bytes must be at least 1024, got {self.chunk_bytes}")
+        if not re.fullmatch(r"[A-Za-z0-9._-]*", self.namespace):
+            raise ConfigError(f"namespace {self.namespace!r} may only hold letters, digits, '.', '_' and '-'")
+        if isinstance(self.store, str) and "://" not in self.store:
+            raise ConfigError(
+                f"store {self.store!r} is not a URL; use redis://host:port/db, rediss://..., "
+                "file:///path, or leave it unset for the job's torch.distributed store"
+            )
+
+    @classmethod
+    def resolve(cls, **arguments: Any) -> Config:
+        """Build a config: arguments that are not ``None`` first, then env vars, then defaults."""
+        unknown = sorted(set(arguments) - set(_ENV))
+        if unknown:
+            raise ConfigError(f"unknown settings {unknown}; allowed: {', '.join(_ENV)}")
+        values: dict[str, Any] = {}
+        for name, env_name in _ENV.items():
+            if arguments.get(name) is not None:
+                values[name] = arguments[name]
+            elif os.environ.get(env_name):
+                values[name] = _PARSE_ENV[name](name, os.environ[env_name])
+        return cls(**values)
