@@ -1,0 +1,71 @@
+"""Stores: where ranks meet. One interface, implementations chosen in one place.
+
+:func:`open_store` turns a setting into a :class:`Store`: ``None`` means the job's
+torch.distributed store, a URL picks Redis or a directory, and a store object is
+wrapped or passed through. Backends with optional dependencies are imported only
+when chosen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from coordinator.errors import ConfigError, StoreError
+from coordinator.stores.base import Store
+
+__all__ = ["Store", "open_store"]
+
+
+def _open_redis(url: str, chunk_bytes: int) -> Store:
+    from coordinator.stores.redis import RedisStore
+
+    return RedisStore(url, chunk_bytes=chunk_bytes)
+
+
+def _open_file(url: str, chunk_bytes: int) -> Store:
+    from coordinator.stores.file import FileStore
+
+    parsed = urlparse(url)
+    if parsed.netloc not in ("", "localhost"):
+        raise ConfigError(f"file store URL {url!r} names a host; use file:///absolute/path")
+    return FileStore(unquote(parsed.path))
+
+
+_URL_SCHEMES = {"redis": _open_redis, "rediss": _open_redis, "file": _open_file}
+
+
+def open_store(spec: Any = None, *, chunk_bytes: int = 64 * 1024 * 1024) -> Store:
+    """Open the store named by ``spec``.
+
+    Args:
+        spec: ``None`` (the default process group's store), a URL (``redis://``,
+            ``rediss://``, ``file://``), a ``torch.distributed.Store`` or a ``Store``.
+        chunk_bytes: largest single Redis value.
+
+    Raises:
+        ConfigError: the URL scheme is unknown.
+        StoreError: ``spec`` is ``None`` and no default process group is initialized.
+    """
+    if isinstance(spec, Store):
+        return spec
+    if isinstance(spec, str):
+        scheme = urlparse(spec).scheme
+        if scheme not in _URL_SCHEMES:
+            raise ConfigError(f"unknown store URL scheme {scheme!r} in {spec!r}; allowed: {sorted(_URL_SCHEMES)}")
+        return _URL_SCHEMES[scheme](spec, chunk_bytes)
+
+    from coordinator.stores.c10d import C10dStore
+
+    if spec is None:
+        from coordinator import _compat
+
+        default = _compat.default_c10d_store()
+        if default is None:
+            raise StoreError("no store given and torch.distributed is not initialized")
+        return C10dStore(default)
+    import torch.distributed as dist
+
+    if isinstance(spec, dist.Store):
+        return C10dStore(spec)
+    raise ConfigError(f"cannot use {type(spec).__name__} as a store")

@@ -1,0 +1,78 @@
+"""The key-value store interface every transport implements.
+
+The singleflight protocol needs only five operations from a store: read a value,
+write a value, delete, an atomic *create-if-absent* (the claim), and waiting for a
+key. Keys are short ASCII paths (``[A-Za-z0-9._:/-]``); values are bytes. Backends
+raise :class:`~coordinator.errors.StoreError` for any transport failure, so the
+caller can fall back to compiling locally.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+import time
+from datetime import timedelta
+
+from coordinator.errors import ConfigError, WaitTimeout
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9._:/-]+$")
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a valid store key, else raise ``ConfigError``."""
+    if not _KEY_RE.match(key) or ".." in key or key.startswith("/"):
+        raise ConfigError(f"invalid store key {key!r}: use [A-Za-z0-9._:/-], no '..'")
+    return key
+
+
+class Store(abc.ABC):
+    """A byte-valued key-value store shared by all ranks of a job (or by many jobs)."""
+
+    #: Short name used in log lines and stats.
+    name: str = "store"
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """Return the value of ``key``, or ``None`` if it is absent."""
+
+    @abc.abstractmethod
+    def set(self, key: str, value: bytes) -> None:
+        """Write ``value`` under ``key``; readers see the old value or the whole new one."""
+
+    @abc.abstractmethod
+    def add_if_absent(self, key: str, value: bytes, ttl: timedelta | None = None) -> bool:
+        """Atomically create ``key`` with ``value`` unless it exists.
+
+        Returns:
+            True if this call created the key (the caller now owns it), False if the
+            key already existed. ``ttl``, where the backend supports expiry, bounds how
+            long the key lives.
+        """
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key``; removing an absent key is not an error."""
+
+    def wait_any(self, keys: list[str], timeout: timedelta, poll: timedelta = timedelta(milliseconds=50)) -> str:
+        """Block until one of ``keys`` exists and return it.
+
+        Raises:
+            WaitTimeout: none appeared within ``timeout``.
+        """
+        deadline = time.monotonic() + timeout.total_seconds()
+        delay = poll.total_seconds()
+        while True:
+            for key in keys:
+                if self.get(key) is not None:
+                    return key
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"none of {keys} appeared in {timeout.total_seconds():.1f}s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def close(self) -> None:
+        """Release connections; the store is unusable afterwards."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"

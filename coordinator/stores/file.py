@@ -1,0 +1,80 @@
+"""A directory on a shared filesystem as a coordinator store (``file:///path``).
+
+Each key is a file below the root. Writes go to a temporary file in the same
+directory and are published with ``os.replace``, so a reader sees either nothing or
+the whole value — never a torn write, which is what breaks shared Inductor cache
+directories under many ranks. A claim is published with ``os.link``, which fails
+if the target exists: atomic create-if-absent with the full content in place.
+Expiry is not supported; stale claims are detected by their heartbeat instead.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import timedelta
+
+from coordinator.errors import StoreError
+from coordinator.stores.base import Store, check_key
+
+
+class FileStore(Store):
+    """Keys as files under ``root``; safe for many writers on one host or over NFS."""
+
+    name = "file"
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create store directory {self.root}: {exc}") from exc
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *check_key(key).split("/"))
+
+    def _temp_file(self, path: str, value: bytes) -> str:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(value)
+        return tmp
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"reading {key} from {self.root} failed: {exc}") from exc
+
+    def set(self, key: str, value: bytes) -> None:
+        path = self._path(key)
+        try:
+            tmp = self._temp_file(path, value)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise StoreError(f"writing {key} to {self.root} failed: {exc}") from exc
+
+    def add_if_absent(self, key: str, value: bytes, ttl: timedelta | None = None) -> bool:
+        path = self._path(key)
+        try:
+            tmp = self._temp_file(path, value)
+            try:
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        except OSError as exc:
+            raise StoreError(f"claiming {key} in {self.root} failed: {exc}") from exc
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"deleting {key} from {self.root} failed: {exc}") from exc

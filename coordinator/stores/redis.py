@@ -1,0 +1,120 @@
+"""Redis (or Valkey) as a coordinator store, for sharing compiles across jobs.
+
+``redis://[:password@]host:port/db`` or ``rediss://`` for TLS. Claims are
+``SET key value NX PX lease``. Redis refuses values over 512 MB and large values
+block the server, so a value longer than ``chunk_bytes`` is written as chunks under
+an upload id, and only then is the key set to a small manifest naming them: a
+reader never sees a half-written value. redis-py is imported only when this store
+is chosen.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import msgpack
+
+from coordinator.errors import StoreError
+from coordinator.stores.base import Store, check_key
+
+_RAW = b"R"
+_MANIFEST = b"M"
+
+
+class RedisStore(Store):
+    """A Redis server reached through redis-py; values chunked above ``chunk_bytes``."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        chunk_bytes: int = 64 * 1024 * 1024,
+        prefix: str = "coordinator/",
+        timeout: timedelta = timedelta(seconds=10),
+    ) -> None:
+        try:
+            import redis
+        except ImportError as exc:  # pragma: no cover - redis is a declared dependency
+            raise StoreError("the redis store needs redis-py: pip install redis") from exc
+        self._redis_errors = (redis.exceptions.RedisError, OSError)
+        self._client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout.total_seconds(),
+            socket_connect_timeout=timeout.total_seconds(),
+        )
+        self._chunk_bytes = chunk_bytes
+        self._prefix = prefix
+        # Never log the password.
+        self.name = f"redis {url.split('@')[-1]}"
+
+    def _key(self, key: str) -> str:
+        return self._prefix + check_key(key)
+
+    def _chunk_key(self, key: str, upload_id: str, index: int) -> str:
+        return f"{self._key(key)}#chunk/{upload_id}/{index}"
+
+    def _run(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except self._redis_errors as exc:
+            raise StoreError(f"redis {what} failed on {self.name}: {exc}") from exc
+
+    def get(self, key: str) -> bytes | None:
+        raw = self._run("GET", self._client.get, self._key(key))
+        if raw is None:
+            return None
+        tag, body = raw[:1], raw[1:]
+        if tag == _RAW:
+            return body
+        if tag != _MANIFEST:
+            raise StoreError(f"redis value of {key} has an unknown layout tag {tag!r}")
+        manifest = msgpack.unpackb(body)
+        parts = []
+        for start in range(0, manifest["n"], 8):
+            pipe = self._client.pipeline(transaction=False)
+            for index in range(start, min(start + 8, manifest["n"])):
+                pipe.get(self._chunk_key(key, manifest["id"], index))
+            parts.extend(self._run("GET chunks", pipe.execute))
+        if any(part is None for part in parts):
+            # Chunks expired or were evicted under memory pressure: treat as absent.
+            return None
+        value = b"".join(parts)
+        if len(value) != manifest["size"]:
+            return None
+        return value
+
+    def set(self, key: str, value: bytes) -> None:
+        if len(value) + 1 <= self._chunk_bytes:
+            self._run("SET", self._client.set, self._key(key), _RAW + value)
+            return
+        upload_id = uuid.uuid4().hex[:16]
+        n = (len(value) + self._chunk_bytes - 1) // self._chunk_bytes
+        for index in range(n):
+            chunk = value[index * self._chunk_bytes : (index + 1) * self._chunk_bytes]
+            self._run("SET chunk", self._client.set, self._chunk_key(key, upload_id, index), chunk)
+        manifest = msgpack.packb({"id": upload_id, "n": n, "size": len(value)})
+        old = self._run("GETSET", self._client.getset, self._key(key), _MANIFEST + manifest)
+        self._delete_chunks(key, old)
+
+    def _delete_chunks(self, key: str, raw: bytes | None) -> None:
+        if not raw or raw[:1] != _MANIFEST:
+            return
+        manifest = msgpack.unpackb(raw[1:])
+        names = [self._chunk_key(key, manifest["id"], i) for i in range(manifest["n"])]
+        if names:
+            self._run("DEL chunks", self._client.delete, *names)
+
+    def add_if_absent(self, key: str, value: bytes, ttl: timedelta | None = None) -> bool:
+        px = int(ttl.total_seconds() * 1000) if ttl is not None else None
+        created = self._run("SET NX", self._client.set, self._key(key), _RAW + value, nx=True, px=px)
+        return bool(created)
+
+    def delete(self, key: str) -> None:
+        old = self._run("GETDEL", self._client.getdel, self._key(key))
+        self._delete_chunks(key, old)
+
+    def close(self) -> None:
+        self._client.close()
