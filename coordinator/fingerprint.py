@@ -1,0 +1,65 @@
+"""The environment fingerprint that namespaces every key.
+
+Compiled artifacts are only valid where they were built: the same torch and Triton,
+the same CUDA, the same GPU model and compute capability, the same Python (pickles
+and bytecode), the same CPU architecture for C++ kernels, and the same format of our
+own envelope. Keys are prefixed with a short hash of these fields, so artifacts never
+cross incompatible environments; the fields themselves are kept for error messages.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+import sys
+
+import msgpack
+
+#: Version of the coordinator's key layout and value envelope.
+FORMAT_VERSION = 1
+
+
+def _package_version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> dict[str, str]:
+    """The fields that decide whether an artifact can be used here."""
+    import torch
+
+    fields = {
+        "format": str(FORMAT_VERSION),
+        "torch": torch.__version__,
+        "torch_git": getattr(torch.version, "git_version", "unknown"),
+        "triton": _package_version("triton") if _package_version("triton") != "none" else _package_version("pytorch-triton"),
+        "cuda": str(torch.version.cuda),
+        "hip": str(getattr(torch.version, "hip", None)),
+        "python": "%d.%d.%d" % sys.version_info[:3],
+        "machine": platform.machine(),
+        "gpu": "none",
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        fields["gpu"] = f"{props.name} sm_{props.major}{props.minor}"
+    return fields
+
+
+def fingerprint(fields: dict[str, str] | None = None) -> str:
+    """A 16-hex-digit hash of :func:`environment` (or of ``fields``)."""
+    fields = environment() if fields is None else fields
+    packed = msgpack.packb(sorted(fields.items()))
+    return hashlib.sha256(packed).hexdigest()[:16]
+
+
+def describe_difference(ours: dict[str, str], theirs: dict[str, str]) -> str:
+    """Name the fields in which two environments differ, e.g. ``torch: 2.13.0 != 2.11.0``."""
+    names = sorted(set(ours) | set(theirs))
+    diffs = [f"{n}: {theirs.get(n)!s} != {ours.get(n)!s}" for n in names if ours.get(n) != theirs.get(n)]
+    return "; ".join(diffs) if diffs else "no difference"
