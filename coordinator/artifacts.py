@@ -1,0 +1,77 @@
+"""Compiled CPU kernels that travel with an FX-graph entry.
+
+On CPU, Inductor's FX-graph cache entry holds the generated Python and C++ source
+but not the compiled kernel libraries: a rank that loads the entry in a fresh
+process runs the C++ compiler again for every kernel (11.0 s against 1.4 s on the
+4-layer test GPT). Inductor writes each compiled kernel to
+``<cache dir>/<2 chars>/<hash>[.main].so`` (and ``.o`` objects when it links two),
+and skips the compiler when the file exists.
+
+The compiling rank therefore collects the kernel files written into those
+directories since it claimed the graph, and ships them inside the entry; a rank that
+receives the entry writes them into its own cache dir before Inductor loads the
+graph, each through a temporary file and an atomic rename (as
+``TritonBundler.read_and_emit`` does for cubins), so it never runs a compiler and a
+concurrent reader never sees half a library.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import uuid
+
+log = logging.getLogger(__name__)
+
+KERNEL_SUFFIXES = (".so", ".o")
+_REL_PATH = re.compile(r"^[a-z0-9]{2}/[A-Za-z0-9_.]+$")
+#: File times can trail the claim by a little on coarse-grained filesystems.
+_MTIME_SLACK_S = 1.0
+
+
+def collect_kernels(cache_dir: str, since: float) -> dict[str, bytes]:
+    """Kernel files under ``cache_dir`` written at or after wall time ``since``.
+
+    Returns:
+        ``{"ab/cabc….so": bytes}``, paths relative to ``cache_dir``.
+    """
+    cutoff = since - _MTIME_SLACK_S
+    found: dict[str, bytes] = {}
+    try:
+        entries = list(os.scandir(cache_dir))
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        # Kernel dirs are the two-letter hash prefixes; a new file bumps the dir mtime.
+        if len(entry.name) != 2 or not entry.is_dir() or entry.stat().st_mtime < cutoff:
+            continue
+        for item in os.scandir(entry.path):
+            if item.name.endswith(KERNEL_SUFFIXES) and item.is_file() and item.stat().st_mtime >= cutoff:
+                with open(item.path, "rb") as f:
+                    found[f"{entry.name}/{item.name}"] = f.read()
+    return found
+
+
+def emit_kernels(cache_dir: str, files: dict[str, bytes]) -> int:
+    """Write ``files`` into ``cache_dir`` atomically, keeping any that already exist.
+
+    Returns:
+        The number of files written.
+    """
+    written = 0
+    for rel, data in files.items():
+        if not _REL_PATH.match(rel) or not rel.endswith(KERNEL_SUFFIXES):
+            log.warning("ignoring unexpected kernel path %r in a received entry", rel)
+            continue
+        path = os.path.join(cache_dir, rel)
+        if os.path.exists(path):
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+        written += 1
+    return written

@@ -1,0 +1,305 @@
+"""Singleflight over a shared store: the first rank to need a key computes it once.
+
+For every key the store holds at most these entries::
+
+    v/<key>          the published value
+    c/<key>/<gen>    claim number <gen>: who is computing it (created atomically)
+    h/<key>/<gen>    the claimant's heartbeat (a counter it bumps every lease/4)
+    a/<key>/<gen>    "abandoned": the claimant finished without publishing
+
+:meth:`Singleflight.lookup` returns the value if it is published. Otherwise it
+tries to create claim 0; the rank that succeeds gets ``None`` back, computes the
+value and calls :meth:`publish`. The others wait on the store (never inside a
+collective) until one of four things happens:
+
+* the value is published: they return it;
+* the claimant marks the claim abandoned (Inductor bypassed the cache for that
+  graph, or its compile failed): they return ``None`` and compute locally;
+* the heartbeat stops moving for a whole lease (the claimant died): each tries to
+  create claim ``gen + 1``; exactly one succeeds and computes, the others follow it;
+* the configured deadline passes: they compute locally.
+
+Waiters log a progress line every ``progress_interval``. Liveness is judged by each
+waiter's own monotonic clock watching the heartbeat change, so no clock
+synchronization between hosts is needed.
+
+Two rules keep waits deadlock-free. Non-blocking keys (whose computation can depend
+on the forward pass, e.g. AOTAutograd entries) are only read, never waited on. And a
+rank that holds an unpublished claim never waits for another key, so no cycle of
+waiting ranks can form. Any store failure disables the store for this process and
+every later lookup returns ``None``: losing the coordinator costs compile time,
+never the job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import time
+from datetime import timedelta
+
+import msgpack
+
+from coordinator.errors import StoreError
+from coordinator.stores.base import Store
+
+log = logging.getLogger(__name__)
+
+_FIRST_POLL_S = 0.01
+_MAX_POLL_S = 0.2
+#: Claims in stores with expiry outlive any compile; stale ones are taken over by heartbeat.
+_CLAIM_TTL = timedelta(days=1)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Owner:
+    """Who holds a claim, for log lines."""
+
+    rank: int
+    host: str
+    pid: int
+
+    @classmethod
+    def this_process(cls, rank: int) -> Owner:
+        return cls(rank, socket.gethostname(), os.getpid())
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} on {self.host} (pid {self.pid})"
+
+
+@dataclasses.dataclass(slots=True)
+class _Claim:
+    gen: int
+    since: float  # wall clock, for finding the files a compile produced
+    beats: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class LookupResult:
+    """The outcome of a lookup: a value, or why there is none."""
+
+    value: bytes | None
+    outcome: str  # hit | claimed | waited | abandoned | deadline | nonblocking | unavailable
+    waited_s: float = 0.0
+
+
+class Singleflight:
+    """Claims, heartbeats and waits for one process against one store."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        owner: Owner,
+        lease: timedelta,
+        wait_timeout: timedelta,
+        progress_interval: timedelta,
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self.lease = lease.total_seconds()
+        self.wait_timeout = wait_timeout.total_seconds()
+        self.progress_interval = progress_interval.total_seconds()
+        self._claims: dict[str, _Claim] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self._broken: str | None = None
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        return self._broken is None
+
+    def _fail(self, exc: StoreError) -> None:
+        if self._broken is None:
+            self._broken = str(exc)
+            log.warning("coordinator store %s failed, compiling locally from now on: %s", self.store.name, exc)
+
+    def claim_started(self, key: str) -> float | None:
+        """Wall-clock time this process claimed ``key``, or ``None`` if it holds no claim."""
+        with self._lock:
+            claim = self._claims.get(key)
+        return claim.since if claim else None
+
+    def holds_claims(self) -> bool:
+        with self._lock:
+            return bool(self._claims)
+
+    # -- the protocol --------------------------------------------------------------------
+
+    def lookup(self, key: str, *, blocking: bool) -> LookupResult:
+        """Find ``key``'s value; see the module docstring for what happens on a miss."""
+        if not self.available:
+            return LookupResult(None, "unavailable")
+        try:
+            return self._lookup(key, blocking)
+        except StoreError as exc:
+            self._fail(exc)
+            return LookupResult(None, "unavailable")
+
+    def _lookup(self, key: str, blocking: bool) -> LookupResult:
+        value = self.store.get(f"v/{key}")
+        if value is not None:
+            return LookupResult(value, "hit")
+        if not blocking:
+            return LookupResult(None, "nonblocking")
+        # A rank holding a claim may try to claim more, but must not wait (no cycles).
+        may_wait = not self.holds_claims()
+        started = time.monotonic()
+        gen = 0
+        while True:
+            if self._try_claim(key, gen):
+                # Re-check: the value may have been published (and its claim deleted)
+                # between our first read and the claim.
+                value = self.store.get(f"v/{key}")
+                if value is not None:
+                    self._drop_claim(key, delete=True)
+                    return LookupResult(value, "hit")
+                return LookupResult(None, "claimed", time.monotonic() - started)
+            if not may_wait:
+                return LookupResult(None, "nonblocking")
+            gen = self._latest_gen(key, gen)
+            outcome, value = self._wait(key, gen, started)
+            if outcome == "expired":
+                gen += 1
+                continue
+            return LookupResult(value, outcome, time.monotonic() - started)
+
+    def _try_claim(self, key: str, gen: int) -> bool:
+        record = msgpack.packb([self.owner.rank, self.owner.host, self.owner.pid, time.time()])
+        if not self.store.add_if_absent(f"c/{key}/{gen}", record, ttl=_CLAIM_TTL):
+            return False
+        with self._lock:
+            self._claims[key] = _Claim(gen, time.time())
+        self.store.set(f"h/{key}/{gen}", msgpack.packb([0, time.time()]))
+        self._ensure_heartbeat()
+        log.debug("claimed %s (generation %d)", key, gen)
+        return True
+
+    def _latest_gen(self, key: str, gen: int) -> int:
+        while self.store.get(f"c/{key}/{gen + 1}") is not None:
+            gen += 1
+        return gen
+
+    def _wait(self, key: str, gen: int, started: float) -> tuple[str, bytes | None]:
+        raw_owner = self.store.get(f"c/{key}/{gen}")
+        owner = "unknown owner"
+        if raw_owner is not None:
+            rank, host, pid, _ = msgpack.unpackb(raw_owner)
+            owner = str(Owner(rank, host, pid))
+        last_beat: bytes | None = None
+        last_change = time.monotonic()
+        next_progress = time.monotonic() + self.progress_interval
+        delay = _FIRST_POLL_S
+        while True:
+            value = self.store.get(f"v/{key}")
+            if value is not None:
+                return "waited", value
+            if self.store.get(f"a/{key}/{gen}") is not None:
+                log.info("%s gave up on %s without publishing; compiling locally", owner, key)
+                return "abandoned", None
+            now = time.monotonic()
+            beat = self.store.get(f"h/{key}/{gen}")
+            if beat != last_beat:
+                last_beat, last_change = beat, now
+            if now - last_change > self.lease:
+                log.warning(
+                    "lease of %s on %s expired (no heartbeat for %.1fs); taking over",
+                    owner, key, now - last_change,
+                )
+                return "expired", None
+            if now - started > self.wait_timeout:
+                log.warning(
+                    "waited %.0fs for %s held by %s, past the %.0fs deadline; compiling locally",
+                    now - started, key, owner, self.wait_timeout,
+                )
+                return "deadline", None
+            if now >= next_progress:
+                log.info(
+                    "waiting for %s: held by %s, waited %.0fs, last heartbeat %.1fs ago",
+                    key, owner, now - started, now - last_change,
+                )
+                next_progress = now + self.progress_interval
+            time.sleep(delay)
+            delay = min(delay * 1.5, _MAX_POLL_S)
+
+    def publish(self, key: str, value: bytes) -> bool:
+        """Store ``key``'s value and release this process's claim on it.
+
+        Returns:
+            False if the store failed (the value stays local).
+        """
+        if not self.available:
+            return False
+        try:
+            self.store.set(f"v/{key}", value)
+        except StoreError as exc:
+            self._fail(exc)
+            return False
+        self._drop_claim(key, delete=True)
+        return True
+
+    def abandon(self, key: str) -> None:
+        """Tell waiters that this process will not publish ``key``."""
+        with self._lock:
+            claim = self._claims.pop(key, None)
+        if claim is None or not self.available:
+            return
+        try:
+            self.store.set(f"a/{key}/{claim.gen}", msgpack.packb(time.time()))
+            log.debug("abandoned claim on %s (generation %d)", key, claim.gen)
+        except StoreError as exc:
+            self._fail(exc)
+
+    def abandon_all(self) -> int:
+        """Abandon every claim still held (a compile ended without publishing them)."""
+        with self._lock:
+            keys = list(self._claims)
+        for key in keys:
+            self.abandon(key)
+        return len(keys)
+
+    def _drop_claim(self, key: str, *, delete: bool) -> None:
+        with self._lock:
+            claim = self._claims.pop(key, None)
+        if claim is None or not delete:
+            return
+        try:
+            self.store.delete(f"c/{key}/{claim.gen}")
+            self.store.delete(f"h/{key}/{claim.gen}")
+        except StoreError as exc:
+            log.debug("could not delete claim on %s: %s", key, exc)
+
+    # -- heartbeat ---------------------------------------------------------------------
+
+    def _ensure_heartbeat(self) -> None:
+        with self._lock:
+            if self._heartbeat is not None and self._heartbeat.is_alive():
+                return
+            self._stop.clear()
+            self._heartbeat = threading.Thread(target=self._beat_forever, name="coordinator-heartbeat", daemon=True)
+            self._heartbeat.start()
+
+    def _beat_forever(self) -> None:
+        interval = self.lease / 4
+        while not self._stop.wait(interval):
+            with self._lock:
+                claims = list(self._claims.items())
+            for key, claim in claims:
+                claim.beats += 1
+                try:
+                    self.store.set(f"h/{key}/{claim.gen}", msgpack.packb([claim.beats, time.time()]))
+                except StoreError as exc:
+                    log.debug("heartbeat for %s failed: %s", key, exc)
+
+    def close(self) -> None:
+        """Abandon held claims and stop the heartbeat thread."""
+        self.abandon_all()
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=self.lease)
