@@ -1,0 +1,29 @@
+"""coordinator: compile once per cluster for distributed ``torch.compile``.
+
+The first rank to need a graph compiles it; every other rank waits on the job's
+store and loads the result instead of compiling. See ``compile_once``.
+"""
+
+from coordinator.api import compile_once, enable_from_env, stats
+from coordinator.config import CACHE_KINDS, Config
+from coordinator.errors import ConfigError, CoordinatorError, IntegrityError, StoreError, WaitTimeout
+from coordinator.fingerprint import environment, fingerprint
+from coordinator.stores import Store, open_store
+
+__all__ = [
+    "CACHE_KINDS",
+    "Config",
+    "ConfigError",
+    "CoordinatorError",
+    "IntegrityError",
+    "Store",
+    "StoreError",
+    "WaitTimeout",
+    "compile_once",
+    "enable_from_env",
+    "environment",
+    "fingerprint",
+    "open_store",
+    "stats",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,197 @@
+"""Every use of a torch-private API in the coordinator lives in this module.
+
+Inductor exposes what we need only through private names: the remote-cache
+classes and their ``backend_override_cls`` hook, config switches, the default
+process group's store, the ephemeral NCCL timeout extension and the compile-end
+callback. Keeping them here means one file to check when torch moves.
+
+Checked against:
+
+=========  ===========  =================================================
+torch      where        notes
+=========  ===========  =================================================
+2.13.0     CPU (x86)    dev and CI machines; full test suite
+2.11.0     H200, CUDA   device machine; see benchmarks/RESULTS.md
+=========  ===========  =================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: coordinator cache kind -> class name in ``torch._inductor.remote_cache``.
+REMOTE_CACHE_CLASSES = {
+    "fx_graph": "RemoteFxGraphCache",
+    "autotune": "RemoteAutotuneCache",
+    "bundled_autotune": "RemoteBundledAutotuneCache",
+    "aot_autograd": "RemoteAOTAutogradCache",
+    "pgo": "RemoteDynamoPGOCache",
+}
+
+#: coordinator cache kind -> (module, attribute) switched on while routed.
+_CONFIG_SWITCHES = {
+    "fx_graph": [("torch._inductor.config", "fx_graph_remote_cache")],
+    "autotune": [("torch._inductor.config", "autotune_remote_cache")],
+    "bundled_autotune": [("torch._inductor.config", "bundled_autotune_remote_cache")],
+    "aot_autograd": [("torch._functorch.config", "enable_remote_autograd_cache")],
+    "pgo": [("torch._dynamo.config", "automatic_dynamic_remote_pgo")],
+}
+
+#: Caches of Triton kernels: their keys need a Triton backend hash, which a CPU-only
+#: process lacks (turning them on there trips an assertion in Inductor).
+TRITON_ONLY_KINDS = frozenset({"autotune", "bundled_autotune"})
+
+#: Caches on whose hits Inductor itself extends NCCL timeouts by the compile time saved
+#: (``add_ephemeral_timeout_increase_for_distributed``); on the others we do it.
+INDUCTOR_EXTENDS_TIMEOUT = frozenset({"fx_graph", "aot_autograd", "bundled_autotune"})
+
+
+def routable_kinds(kinds: tuple[str, ...]) -> list[str]:
+    """The subset of ``kinds`` that Inductor can use in this process."""
+    import torch
+
+    has_gpu = torch.cuda.is_available()
+    return [kind for kind in kinds if has_gpu or kind not in TRITON_ONLY_KINDS]
+
+
+def remote_cache_backend_base() -> type:
+    """Inductor's backend base class, ``RemoteCacheBackend``."""
+    from torch._inductor.remote_cache import RemoteCacheBackend
+
+    return RemoteCacheBackend
+
+
+def _import(module: str) -> Any:
+    import importlib
+
+    return importlib.import_module(module)
+
+
+@contextlib.contextmanager
+def routed_remote_caches(backends: dict[str, type]) -> Iterator[None]:
+    """Route the given Inductor remote caches to ``backends`` (kind -> backend class).
+
+    Sets each class's ``backend_override_cls``, turns on the matching config switches
+    and Triton bundling into FX entries; restores every previous value on exit.
+    """
+    import torch._inductor.remote_cache as remote_cache
+
+    saved: list[tuple[Any, str, Any]] = []
+
+    def set_attr(obj: Any, name: str, value: Any) -> None:
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    try:
+        for kind, backend_cls in backends.items():
+            set_attr(getattr(remote_cache, REMOTE_CACHE_CLASSES[kind]), "backend_override_cls", backend_cls)
+            for module, attr in _CONFIG_SWITCHES[kind]:
+                set_attr(_import(module), attr, True)
+        inductor_config = _import("torch._inductor.config")
+        set_attr(inductor_config, "bundle_triton_into_fx_graph_cache", True)
+        if "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" not in os.environ:
+            # Inductor preprocesses and precompiles its C++ prefix header whenever it
+            # loads a CPU kernel, even one already on disk: a follower that received
+            # every kernel would still run the compiler (and build a 149 MB .gch).
+            # Precompiled headers also made the cold compile of the test model slower
+            # (18.6 s against 16.9 s), so they stay off unless the user asks for them.
+            set_attr(inductor_config, "cpp_cache_precompile_headers", False)
+        _clear_cached_remote_caches()
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
+        _clear_cached_remote_caches()
+
+
+def _clear_cached_remote_caches() -> None:
+    # AOTAutogradCache memoizes its remote cache object; drop it so the override
+    # (or its removal) takes effect on the next compile.
+    try:
+        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+        AOTAutogradCache.get_remote_cache.cache_clear()
+    except (ImportError, AttributeError):
+        log.debug("AOTAutogradCache.get_remote_cache is not memoized in this torch")
+
+
+@contextlib.contextmanager
+def on_compile_end(callback: Callable[[], None]) -> Iterator[None]:
+    """Call ``callback`` whenever an outermost torch.compile compilation ends.
+
+    Dynamo runs its end callbacks after a frame compile and after a lazy backward
+    compile, in a ``finally`` block, so this also fires when a compile fails.
+    """
+    from torch._dynamo.callback import callback_handler
+
+    def adapter(_args: Any = None) -> None:
+        callback()
+
+    callback_handler.register_end_callback(adapter)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            callback_handler.end_callbacks.remove(adapter)
+
+
+def default_c10d_store() -> Any | None:
+    """The store behind the default process group, or ``None`` if there is none."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
+def has_nccl_process_group() -> bool:
+    """Whether an initialized process group runs on CUDA devices (NCCL)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    if not dist.is_nccl_available():
+        return False
+    from torch.distributed import ProcessGroupNCCL
+
+    cuda = torch.device("cuda")
+    for pg in dist.distributed_c10d._world.pg_map:
+        if cuda in getattr(pg, "_device_types", ()) and isinstance(pg._get_backend(cuda), ProcessGroupNCCL):
+            return True
+    return False
+
+
+def extend_nccl_timeouts(seconds: float) -> float:
+    """Extend this rank's NCCL timeouts until its next collective completes.
+
+    Returns the seconds added (0 when there is no NCCL process group).
+    """
+    whole = int(seconds)
+    if whole <= 0 or not has_nccl_process_group():
+        return 0.0
+    import torch.distributed as dist
+
+    dist.distributed_c10d._add_ephemeral_timeout_for_all_pgs(timedelta(seconds=whole))
+    return float(whole)
+
+
+def inductor_cache_dir() -> str:
+    """Inductor's local cache directory (``TORCHINDUCTOR_CACHE_DIR`` or its default)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
+
+
+def inductor_counters() -> dict[str, int]:
+    """A copy of Inductor's counters (fxgraph_cache_hit/miss, ...)."""
+    from torch._dynamo.utils import counters
+
+    return dict(counters["inductor"])

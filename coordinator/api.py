@@ -1,0 +1,111 @@
+"""The public entry points: ``compile_once``, ``stats`` and ``enable_from_env``.
+
+``compile_once`` is a context manager around the part of a training script that
+compiles (usually the whole training loop)::
+
+    dist.init_process_group("nccl")
+    with coordinator.compile_once():          # the job's own TCPStore, no server
+        model = torch.compile(model)
+        train(model)
+
+A launcher can switch the same thing on with no code change: with
+``COORDINATOR_ENABLE=1`` in the environment, :func:`enable_from_env` (called from the
+``sitecustomize`` in ``launch/``) enters ``compile_once`` for the life of the process
+and logs the summary at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+from coordinator.config import Config
+from coordinator.errors import CoordinatorError
+from coordinator.inductor import route_caches
+from coordinator.session import Session
+
+log = logging.getLogger(__name__)
+
+_active: Session | None = None
+_last: Session | None = None
+
+
+@contextlib.contextmanager
+def compile_once(
+    store: Any = None,
+    *,
+    secret: str | bytes | None = None,
+    lease: timedelta | None = None,
+    wait_timeout: timedelta | None = None,
+    progress_interval: timedelta | None = None,
+    namespace: str | None = None,
+    caches: tuple[str, ...] | None = None,
+    chunk_bytes: int | None = None,
+    ship_cpu_kernels: bool | None = None,
+) -> Iterator[Session]:
+    """Compile each graph once across all ranks while the context is active.
+
+    Args:
+        store: ``None`` for the job's torch.distributed store, a ``redis://``,
+            ``rediss://`` or ``file://`` URL, or a store object.
+        secret: shared secret for HMAC-SHA256 signing of every value.
+        lease, wait_timeout, progress_interval, namespace, caches, chunk_bytes,
+            ship_cpu_kernels: see :class:`coordinator.Config`.
+
+    Every argument left ``None`` falls back to its ``COORDINATOR_*`` environment
+    variable, then to the default.
+
+    Raises:
+        ConfigError: a setting is invalid.
+        CoordinatorError: another ``compile_once`` is already active in this process.
+    """
+    global _active, _last
+    config = Config.resolve(
+        store=store,
+        secret=secret,
+        lease=lease,
+        wait_timeout=wait_timeout,
+        progress_interval=progress_interval,
+        namespace=namespace,
+        caches=caches,
+        chunk_bytes=chunk_bytes,
+        ship_cpu_kernels=ship_cpu_kernels,
+    )
+    if _active is not None:
+        raise CoordinatorError("compile_once is already active in this process")
+    session = Session(config)
+    _active = session
+    try:
+        with route_caches(session):
+            yield session
+    finally:
+        session.close()
+        _active, _last = None, session
+        log.info("%s", session.stats.summary())
+
+
+def stats() -> dict:
+    """This rank's counters from the active ``compile_once``, or the last one to exit."""
+    session = _active or _last
+    if session is None:
+        return {}
+    return session.stats.as_dict()
+
+
+def enable_from_env() -> bool:
+    """Enter ``compile_once`` for the rest of the process if ``COORDINATOR_ENABLE`` is set.
+
+    Returns:
+        True if it was switched on.
+    """
+    if os.environ.get("COORDINATOR_ENABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
+        return False
+    context = compile_once()
+    context.__enter__()
+    atexit.register(context.__exit__, None, None, None)
+    return True

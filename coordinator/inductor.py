@@ -1,0 +1,52 @@
+"""Inductor integration: cache backends that talk to a :class:`Session`.
+
+Each remote cache class in ``torch._inductor.remote_cache`` (FX graph, autotune,
+bundled autotune, AOTAutograd, Dynamo PGO) builds its backend from
+``backend_override_cls()`` when that is set. We set it, per cache kind, to a small
+backend class bound to the session, and turn on the config switches that make
+Inductor consult those caches; ``_compat.routed_remote_caches`` restores it all on
+exit. Inductor keeps doing what it does on any remote hit: write the entry to its
+local cache, emit bundled Triton kernels, extend NCCL timeouts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+from coordinator import _compat
+from coordinator.session import Session
+
+log = logging.getLogger(__name__)
+
+
+def _backend_class(session: Session, kind: str) -> type:
+    base = _compat.remote_cache_backend_base()
+
+    def __init__(self) -> None:
+        base.__init__(self)
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            return session.get(kind, key)
+        except Exception:  # never let the coordinator fail a compile
+            log.warning("compile_once: %s lookup failed; compiling locally", kind, exc_info=True)
+            return None
+
+    def _put(self, key: str, data: bytes) -> None:
+        try:
+            session.put(kind, key, data)
+        except Exception:
+            log.warning("compile_once: publishing %s entry failed", kind, exc_info=True)
+
+    name = "Coordinator" + "".join(part.title() for part in kind.split("_")) + "Backend"
+    return type(name, (base,), {"__init__": __init__, "_get": _get, "_put": _put})
+
+
+@contextlib.contextmanager
+def route_caches(session: Session) -> Iterator[None]:
+    """Send the session's configured Inductor caches through it for the duration."""
+    backends = {kind: _backend_class(session, kind) for kind in _compat.routable_kinds(session.config.caches)}
+    with _compat.routed_remote_caches(backends), _compat.on_compile_end(session.compile_ended):
+        yield

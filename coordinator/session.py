@@ -1,0 +1,194 @@
+"""One rank's coordinator session: what Inductor's cache backends call into.
+
+A :class:`Session` turns Inductor cache reads and writes into singleflight lookups
+and publishes. It opens its store lazily, at the first cache access: the training
+script usually enters ``compile_once`` before or right after
+``init_process_group``, and the default store exists only after it. Values are
+sealed (checksum, HMAC, key binding) on the way out and verified on the way in; a
+value that fails is a miss. FX-graph entries carry the CPU kernels compiled for
+them. Cache kinds whose completion can depend on the forward pass (AOTAutograd,
+PGO) are looked up without blocking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import threading
+import time
+
+from coordinator import _compat
+from coordinator.artifacts import collect_kernels, emit_kernels
+from coordinator.config import Config
+from coordinator.errors import IntegrityError, StoreError
+from coordinator.fingerprint import fingerprint
+from coordinator.integrity import open_sealed, seal
+from coordinator.singleflight import Owner, Singleflight
+from coordinator.stats import Stats
+from coordinator.stores import Store, open_store
+
+log = logging.getLogger(__name__)
+
+#: Kinds a rank may wait for: their owner finishes them inside its compile, with no
+#: collective. AOTAutograd entries are published after the backward compiles, which
+#: can run after forward-pass collectives (FSDP all-gathers); PGO after the run.
+BLOCKING_KINDS = frozenset({"fx_graph", "autotune", "bundled_autotune"})
+
+_TIME_TAKEN = re.compile(rb'"time_taken_ms":\s*(\d+)')
+
+
+def _current_rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+class Session:
+    """Routes one process's Inductor cache traffic through a shared store."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.stats = Stats(_current_rank())
+        self._flight: Singleflight | None = None
+        self._open_lock = threading.Lock()
+        self._told_no_store = False
+        self._miss_times: dict[str, float] = {}
+        self._prefix = ""
+
+    # -- store -------------------------------------------------------------------------
+
+    def flight(self) -> Singleflight | None:
+        """The singleflight client, opened on first use; ``None`` while no store exists."""
+        if self._flight is not None:
+            return self._flight
+        with self._open_lock:
+            if self._flight is None:
+                self._flight = self._open()
+        return self._flight
+
+    def _open(self) -> Singleflight | None:
+        try:
+            store = open_store(self.config.store, chunk_bytes=self.config.chunk_bytes)
+        except StoreError as exc:
+            if not self._told_no_store:
+                log.info("compile_once: no store yet (%s); compiling locally until there is one", exc)
+                self._told_no_store = True
+            return None
+        rank = _current_rank()
+        self.stats.rank = rank
+        self.stats.store = store.name
+        self._prefix = f"{fingerprint()}/{self.config.namespace or '_'}"
+        self._check_device_index(store, rank)
+        return Singleflight(
+            store,
+            owner=Owner.this_process(rank),
+            lease=self.config.lease,
+            wait_timeout=self.config.wait_timeout,
+            progress_interval=self.config.progress_interval,
+        )
+
+    def _check_device_index(self, store: Store, rank: int) -> None:
+        """Warn once when ranks compile for different CUDA device indices.
+
+        Inductor's FX keys and code carry the device index, so cuda:0 and cuda:1 ranks
+        cannot share graphs; they still share among ranks with the same index.
+        """
+        import torch
+
+        if not torch.cuda.is_available():
+            return
+        index = torch.cuda.current_device()
+        try:
+            store.set(f"{self._prefix}/device/{rank}", str(index).encode())
+            peer = 1 if rank == 0 else 0
+            other = store.get(f"{self._prefix}/device/{peer}")
+        except StoreError:
+            return
+        if index != 0 or (other is not None and int(other) != index):
+            log.warning(
+                "compile_once: this rank compiles for cuda:%d%s. Inductor keys carry the device "
+                "index, so only ranks on the same index share compiles. Give every worker its GPU "
+                "as cuda:0: launch with coordinator-run, or torchrun --virtual-local-rank.",
+                index, "" if other is None else f" and rank {peer} for cuda:{int(other)}",
+            )
+
+    def _key(self, kind: str, inductor_key: str) -> str:
+        digest = hashlib.sha256(inductor_key.encode()).hexdigest()[:40]
+        return f"{self._prefix}/{kind}/{digest}"
+
+    # -- the two calls Inductor makes ----------------------------------------------------
+
+    def get(self, kind: str, inductor_key: str) -> bytes | None:
+        """Return the payload for ``inductor_key`` or ``None`` (Inductor then compiles)."""
+        flight = self.flight()
+        if flight is None:
+            return None
+        key = self._key(kind, inductor_key)
+        result = flight.lookup(key, blocking=kind in BLOCKING_KINDS)
+        if result.waited_s:
+            self.stats.record_wait(result.waited_s)
+        if result.outcome == "unavailable":
+            self.stats.store_failures = 1
+        if result.value is None:
+            self._miss_times[key] = time.time()
+            self.stats.record_miss(kind)
+            return None
+        try:
+            sealed = open_sealed(key, result.value, secret=self.config.secret)
+        except IntegrityError as exc:
+            log.warning("compile_once: rejected %s entry %s from the store: %s; compiling locally", kind, key, exc)
+            self._miss_times[key] = time.time()
+            self.stats.record_miss(kind, rejected=True)
+            return None
+        kernels = 0
+        if sealed.files:
+            try:
+                kernels = emit_kernels(_compat.inductor_cache_dir(), sealed.files)
+            except OSError as exc:
+                log.warning("compile_once: could not write received kernels (%s); Inductor will compile them", exc)
+        saved_s = sealed.meta.get("time_taken_ms", 0) / 1000.0
+        if kind in _compat.INDUCTOR_EXTENDS_TIMEOUT:
+            # Inductor extends by the entry's recorded compile time itself on this hit.
+            extension = float(int(saved_s)) if _compat.has_nccl_process_group() else 0.0
+        else:
+            extension = _compat.extend_nccl_timeouts(saved_s)
+        self.stats.record_hit(kind, len(result.value), saved_s, extension, kernels)
+        log.debug("compile_once: %s hit %s (%s, %d kernels)", kind, key, result.outcome, kernels)
+        return sealed.payload
+
+    def put(self, kind: str, inductor_key: str, data: bytes) -> None:
+        """Publish Inductor's freshly computed entry to the other ranks."""
+        flight = self.flight()
+        if flight is None:
+            return
+        key = self._key(kind, inductor_key)
+        match = _TIME_TAKEN.search(data[-256:])
+        meta = {
+            "time_taken_ms": int(match.group(1)) if match else 0,
+            "rank": flight.owner.rank,
+            "host": flight.owner.host,
+        }
+        files: dict[str, bytes] = {}
+        since = flight.claim_started(key) or self._miss_times.pop(key, None)
+        if kind == "fx_graph" and self.config.ship_cpu_kernels and since is not None:
+            files = collect_kernels(_compat.inductor_cache_dir(), since)
+        blob = seal(key, data, meta=meta, files=files, secret=self.config.secret)
+        if flight.publish(key, blob):
+            self.stats.record_publish(kind, len(blob))
+        else:
+            self.stats.store_failures = 1
+
+    def compile_ended(self) -> None:
+        """An outermost compile finished: release claims it did not publish."""
+        if self._flight is not None:
+            released = self._flight.abandon_all()
+            if released:
+                log.debug("compile_once: released %d unpublished claims", released)
+
+    def close(self) -> None:
+        if self._flight is not None:
+            self._flight.close()

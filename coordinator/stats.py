@@ -1,0 +1,87 @@
+"""Per-rank counters of what the coordinator did, and the one-line summary.
+
+``compile_once`` logs :meth:`Stats.summary` on exit and ``coordinator.stats()``
+returns :meth:`Stats.as_dict`. "Compiled locally" counts FX-graph misses (each one
+is a graph this rank compiled); "received" counts FX graphs loaded from another rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import defaultdict
+
+
+@dataclasses.dataclass
+class KindCounts:
+    hits: int = 0
+    misses: int = 0
+    published: int = 0
+    rejected: int = 0
+
+
+class Stats:
+    """Thread-safe counters for one rank."""
+
+    def __init__(self, rank: int = 0) -> None:
+        self.rank = rank
+        self._lock = threading.Lock()
+        self.kinds: dict[str, KindCounts] = defaultdict(KindCounts)
+        self.waited_s = 0.0
+        self.bytes_received = 0
+        self.bytes_published = 0
+        self.kernels_received = 0
+        self.compile_time_saved_s = 0.0
+        self.timeout_extension_s = 0.0
+        self.store_failures = 0
+        self.store = "none"
+
+    def record_hit(self, kind: str, nbytes: int, saved_s: float, extension_s: float, kernels: int) -> None:
+        with self._lock:
+            self.kinds[kind].hits += 1
+            self.bytes_received += nbytes
+            self.compile_time_saved_s += saved_s
+            self.timeout_extension_s += extension_s
+            self.kernels_received += kernels
+
+    def record_miss(self, kind: str, *, rejected: bool = False) -> None:
+        with self._lock:
+            self.kinds[kind].misses += 1
+            self.kinds[kind].rejected += int(rejected)
+
+    def record_publish(self, kind: str, nbytes: int) -> None:
+        with self._lock:
+            self.kinds[kind].published += 1
+            self.bytes_published += nbytes
+
+    def record_wait(self, seconds: float) -> None:
+        with self._lock:
+            self.waited_s += seconds
+
+    def as_dict(self) -> dict:
+        with self._lock:
+            fx = self.kinds.get("fx_graph", KindCounts())
+            return {
+                "rank": self.rank,
+                "store": self.store,
+                "graphs_compiled": fx.misses,
+                "graphs_received": fx.hits,
+                "waited_s": round(self.waited_s, 3),
+                "bytes_received": self.bytes_received,
+                "bytes_published": self.bytes_published,
+                "kernels_received": self.kernels_received,
+                "compile_time_saved_s": round(self.compile_time_saved_s, 3),
+                "timeout_extension_s": round(self.timeout_extension_s, 3),
+                "rejected": sum(c.rejected for c in self.kinds.values()),
+                "store_failures": self.store_failures,
+                "by_cache": {kind: dataclasses.asdict(c) for kind, c in sorted(self.kinds.items())},
+            }
+
+    def summary(self) -> str:
+        d = self.as_dict()
+        return (
+            f"compile_once rank {d['rank']}: {d['graphs_compiled']} graphs compiled locally, "
+            f"{d['graphs_received']} received; waited {d['waited_s']:.1f}s; "
+            f"received {d['bytes_received'] / 1e6:.2f} MB; compile time saved {d['compile_time_saved_s']:.1f}s; "
+            f"NCCL timeout extended by {d['timeout_extension_s']:.0f}s; rejected {d['rejected']}; store {d['store']}"
+        )

@@ -1,0 +1,146 @@
+"""One rank of a test job: compile a tiny model under ``compile_once`` and report.
+
+Run as ``python tests/worker.py '<json options>'`` with RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT set (the tests spawn one process per rank, as torchrun
+does). Writes a JSON report to ``options["out"]``: losses, Inductor's FX cache
+counters, how many C++ compiler runs this process made, and ``coordinator.stats()``.
+
+Options:
+    store: store spec for compile_once (None = the job's TCPStore)
+    model: "mlp" | "rank_dependent" | "collective"
+    ddp: wrap in DistributedDataParallel
+    steps: training steps
+    first_compiler: "die" | "slow:<seconds>" — what the first process to compile the
+        first graph does (decided through a marker file, so exactly one does it)
+    external_store: "host:port" of a TCPStore hosted by the test, used as the store
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import coordinator
+
+
+def count_cpp_builds() -> list[int]:
+    """Count C++ compiler runs in this process (compile threads are set to 1)."""
+    from torch._inductor import cpp_builder
+
+    calls = [0]
+    original = cpp_builder.CppBuilder.build
+
+    def build(self, *args, **kwargs):
+        calls[0] += 1
+        return original(self, *args, **kwargs)
+
+    cpp_builder.CppBuilder.build = build
+    return calls
+
+
+class FirstCompilerPass:
+    """A post-grad pass that makes the first compiling process die or stall.
+
+    Its uuid is constant, so it does not change the FX key; only a process that
+    really compiles (a claimant) runs it.
+    """
+
+    def __init__(self, action: str, marker: str) -> None:
+        self.action = action
+        self.marker = marker
+
+    def __call__(self, graph) -> None:
+        try:
+            fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        if self.action == "die":
+            os._exit(17)
+        if self.action.startswith("slow:"):
+            time.sleep(float(self.action.split(":", 1)[1]))
+
+    def uuid(self) -> str:
+        return "coordinator-tests-first-compiler"
+
+
+def make_model(kind: str, rank: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    width = 32 + (8 * rank if kind == "rank_dependent" else 0)
+    return torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.GELU(), torch.nn.Linear(width, 4))
+
+
+class WithAllReduce(torch.nn.Module):
+    """A forward that contains a collective, compiled into the graph."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        y = self.inner(x)
+        y = torch.ops._c10d_functional.all_reduce(y, "sum", "0")
+        y = torch.ops._c10d_functional.wait_tensor(y)
+        return y / dist.get_world_size()
+
+
+def main() -> None:
+    options = json.loads(sys.argv[1])
+    logging.basicConfig(level=logging.INFO, format=f"[rank{os.environ['RANK']}] %(name)s: %(message)s")
+    rank = int(os.environ["RANK"])
+    builds = count_cpp_builds()
+    if options.get("first_compiler"):
+        from torch._inductor import config as inductor_config
+
+        inductor_config.post_grad_custom_post_pass = FirstCompilerPass(options["first_compiler"], options["marker"])
+
+    dist.init_process_group("gloo")
+    store = options.get("store")
+    if options.get("external_store"):
+        host, port = options["external_store"].rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), is_master=False)
+
+    kind = options.get("model", "mlp")
+    model = make_model(kind, rank)
+    reference = make_model(kind, rank)
+    if kind == "collective":
+        model, reference = WithAllReduce(model), WithAllReduce(reference)
+    # Compile the module, then wrap it: on torch 2.13 Dynamo skips DDP's own forward.
+    compiled = torch.compile(model)
+    if options.get("ddp"):
+        compiled = torch.nn.parallel.DistributedDataParallel(compiled)
+
+    torch.manual_seed(1)
+    batches = [torch.randn(8, 16) for _ in range(options.get("steps", 2))]
+    losses, ref_losses, step_times = [], [], []
+    with coordinator.compile_once(store):
+        for x in batches:
+            start = time.perf_counter()
+            loss = compiled(x).pow(2).mean()
+            loss.backward()
+            step_times.append(time.perf_counter() - start)
+            losses.append(loss.item())
+            ref_losses.append(reference(x).pow(2).mean().item())
+        result = {
+            "rank": rank,
+            "losses": losses,
+            "ref_losses": ref_losses,
+            "step_times": step_times,
+            "cpp_builds": builds[0],
+            "inductor": coordinator._compat.inductor_counters(),
+        }
+    result["stats"] = coordinator.stats()
+    with open(options["out"], "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
