@@ -13,6 +13,7 @@ Options:
     first_compiler: "die" | "slow:<seconds>" — what the first process to compile the
         first graph does (decided through a marker file, so exactly one does it)
     external_store: "host:port" of a TCPStore hosted by the test, used as the store
+    no_pg: do not initialize a process group (fault tests, where a rank dies)
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ def count_cpp_builds() -> list[int]:
     return calls
 
 
-class FirstCompilerPass:
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+
+class FirstCompilerPass(CustomGraphPass):
     """A post-grad pass that makes the first compiling process die or stall.
 
     Its uuid is constant, so it does not change the FX key; only a process that
@@ -101,7 +105,9 @@ def main() -> None:
 
         inductor_config.post_grad_custom_post_pass = FirstCompilerPass(options["first_compiler"], options["marker"])
 
-    dist.init_process_group("gloo")
+    use_pg = not options.get("no_pg")
+    if use_pg:
+        dist.init_process_group("gloo")
     store = options.get("store")
     if options.get("external_store"):
         host, port = options["external_store"].rsplit(":", 1)
@@ -139,7 +145,10 @@ def main() -> None:
     result["stats"] = coordinator.stats()
     with open(options["out"], "w") as f:
         json.dump(result, f)
-    dist.destroy_process_group()
+    if use_pg:
+        # Leave together: rank 0 hosts the TCPStore that teardown still talks to.
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,142 @@
+"""Fixtures: real Redis servers, real TCPStores, and jobs of real rank processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A redis-server (or valkey-server) process of our own on a free port."""
+
+    def __init__(self, workdir: Path) -> None:
+        binary = shutil.which("redis-server") or shutil.which("valkey-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed; the README's test command installs it")
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    server = RedisServer(tmp_path)
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def tcp_store():
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    yield store
+
+
+@dataclass
+class RankResult:
+    rank: int
+    returncode: int
+    log: str
+    report: dict | None
+
+    @property
+    def fx_misses(self) -> int:
+        return self.report["inductor"].get("fxgraph_cache_miss", 0)
+
+    @property
+    def fx_hits(self) -> int:
+        return self.report["inductor"].get("fxgraph_cache_hit", 0)
+
+
+def run_job(workdir: Path, world_size: int, options: dict, *, env: dict | None = None, name: str = "job",
+            timeout: float = 240) -> list[RankResult]:
+    """Start ``world_size`` worker processes as torchrun would and collect their reports.
+
+    Each rank gets its own empty Inductor cache dir and temp dir, like ranks on
+    separate nodes.
+    """
+    port = free_port()
+    jobdir = workdir / name
+    jobdir.mkdir(parents=True)
+    procs = []
+    for rank in range(world_size):
+        rankdir = jobdir / f"rank{rank}"
+        (rankdir / "tmp").mkdir(parents=True)
+        rank_options = dict(options, out=str(rankdir / "report.json"), marker=str(workdir / "first-compiler"))
+        rank_env = dict(
+            os.environ,
+            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            TORCHINDUCTOR_CACHE_DIR=str(rankdir / "inductor"), TMPDIR=str(rankdir / "tmp"),
+            TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONUNBUFFERED="1",
+        )
+        rank_env.update(env or {})
+        log = open(rankdir / "log", "w")
+        procs.append((rank, rankdir, log, subprocess.Popen(
+            [sys.executable, str(WORKER), json.dumps(rank_options)], env=rank_env, stdout=log, stderr=subprocess.STDOUT,
+        )))
+    results = []
+    deadline = time.monotonic() + timeout
+    for rank, rankdir, log, proc in procs:
+        try:
+            proc.wait(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        report_path = rankdir / "report.json"
+        report = json.loads(report_path.read_text()) if report_path.exists() else None
+        results.append(RankResult(rank, proc.returncode, (rankdir / "log").read_text(), report))
+    return results
+
+
+def require_success(results: list[RankResult]) -> None:
+    for r in results:
+        assert r.returncode == 0 and r.report is not None, f"rank {r.rank} failed ({r.returncode}):\n{r.log[-4000:]}"
+
+
+@pytest.fixture
+def job(tmp_path):
+    counter = iter(range(100))
+
+    def start(world_size: int, options: dict, **kwargs) -> list[RankResult]:
+        kwargs.setdefault("name", f"job{next(counter)}")
+        return run_job(tmp_path, world_size, options, **kwargs)
+
+    return start

@@ -1,0 +1,77 @@
+"""compile_once installs Inductor hooks and restores every one of them on exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch._functorch.config as functorch_config
+import torch._inductor.config as inductor_config
+import torch._inductor.remote_cache as remote_cache
+from torch._dynamo.callback import callback_handler
+
+import coordinator
+from coordinator import CoordinatorError
+
+
+def snapshot():
+    return (
+        remote_cache.RemoteFxGraphCache.backend_override_cls,
+        remote_cache.RemoteAOTAutogradCache.backend_override_cls,
+        remote_cache.RemoteDynamoPGOCache.backend_override_cls,
+        inductor_config.fx_graph_remote_cache,
+        inductor_config.cpp_cache_precompile_headers,
+        functorch_config.enable_remote_autograd_cache,
+        len(callback_handler.end_callbacks),
+    )
+
+
+def test_hooks_are_installed_and_restored(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", raising=False)
+    before = snapshot()
+    with coordinator.compile_once(f"file://{tmp_path}") as session:
+        backend = remote_cache.RemoteFxGraphCache.backend_override_cls
+        assert backend is not None and backend.__name__ == "CoordinatorFxGraphBackend"
+        assert inductor_config.fx_graph_remote_cache is True
+        assert functorch_config.enable_remote_autograd_cache is True
+        assert inductor_config.cpp_cache_precompile_headers is False
+        # The override really reaches the session: a put through Inductor's own class.
+        cache = remote_cache.RemoteFxGraphCache("fx-graph-v1")
+        cache.put("somekey", {"data": "eA==", "time_taken_ms": 1234})
+        assert cache.get("somekey") == {"data": "eA==", "time_taken_ms": 1234}
+        assert session.stats.as_dict()["by_cache"]["fx_graph"]["published"] == 1
+        with pytest.raises(CoordinatorError, match="already active"):
+            with coordinator.compile_once():
+                pass
+    assert snapshot() == before
+    assert coordinator.stats()["graphs_received"] == 1
+    assert coordinator.stats()["compile_time_saved_s"] == pytest.approx(1.234)
+
+
+def test_hooks_are_restored_after_an_exception(tmp_path):
+    before = snapshot()
+    with pytest.raises(ZeroDivisionError):
+        with coordinator.compile_once(f"file://{tmp_path}"):
+            1 / 0
+    assert snapshot() == before
+
+
+def test_no_process_group_means_local_compiles(caplog):
+    with coordinator.compile_once() as session:
+        assert session.get("fx_graph", "k") is None
+    assert "no store yet" in caplog.text
+
+
+def test_enable_from_env(tmp_path):
+    code = (
+        "import coordinator, torch._inductor.remote_cache as rc;"
+        "assert coordinator.enable_from_env();"
+        "print(rc.RemoteFxGraphCache.backend_override_cls.__name__)"
+    )
+    env = {"COORDINATOR_ENABLE": "1", "COORDINATOR_STORE": f"file://{tmp_path}", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "CoordinatorFxGraphBackend"
+    env["COORDINATOR_ENABLE"] = "0"
+    code = "import coordinator; assert not coordinator.enable_from_env()"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)

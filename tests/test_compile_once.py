@@ -1,0 +1,111 @@
+"""Acceptance tests: real rank processes compiling a real model under compile_once.
+
+Each test starts a job of 3 processes (gloo, the real TCPStore of
+``init_process_group``, or a real Redis server, or a real directory), each with an
+empty Inductor cache dir. "Unique graphs" is 2 for the test model (forward and
+backward). A follower "runs no C++ compiler" means zero ``CppBuilder.build`` calls.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import require_success
+
+UNIQUE_GRAPHS = 2
+WORLD = 3
+
+
+def assert_compiled_once(results, unique_graphs=UNIQUE_GRAPHS):
+    require_success(results)
+    assert sum(r.fx_misses for r in results) == unique_graphs, [r.report["inductor"] for r in results]
+    for r in results:
+        assert r.fx_misses + r.fx_hits == unique_graphs
+        if r.fx_misses == 0:
+            assert r.report["cpp_builds"] == 0, f"rank {r.rank} ran the C++ compiler"
+            assert r.report["stats"]["kernels_received"] > 0
+        torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
+
+
+def test_job_store_ddp_compiles_each_graph_once(job):
+    results = job(WORLD, {"ddp": True, "steps": 2})
+    assert_compiled_once(results)
+    # Followers waited on the store and report what they saved.
+    followers = [r for r in results if r.fx_misses == 0]
+    assert len(followers) == WORLD - 1
+    for r in followers:
+        stats = r.report["stats"]
+        assert stats["graphs_received"] == UNIQUE_GRAPHS and stats["graphs_compiled"] == 0
+        assert stats["bytes_received"] > 0 and stats["compile_time_saved_s"] > 0
+        assert stats["timeout_extension_s"] == 0  # gloo: no NCCL timeouts to extend
+        assert stats["store"] == "c10d"
+
+
+@pytest.mark.parametrize("backend", ["redis", "file"])
+def test_shared_store_and_second_job_compiles_nothing(job, backend, redis_server, tmp_path):
+    url = redis_server.url if backend == "redis" else f"file://{tmp_path / 'shared-cache'}"
+    first = job(WORLD, {"store": url, "ddp": True})
+    assert_compiled_once(first)
+    # A new job: new processes, empty local cache dirs, same store.
+    second = job(WORLD, {"store": url, "ddp": True})
+    require_success(second)
+    for r in second:
+        assert r.fx_misses == 0 and r.fx_hits == UNIQUE_GRAPHS
+        assert r.report["cpp_builds"] == 0
+        assert r.report["stats"]["waited_s"] < 1.0
+
+
+def test_killed_claimant_is_taken_over_after_lease(job, tcp_store):
+    results = job(
+        WORLD,
+        {"no_pg": True, "external_store": f"127.0.0.1:{tcp_store.port}", "first_compiler": "die"},
+        env={"COORDINATOR_LEASE_S": "2"},
+    )
+    died = [r for r in results if r.returncode == 17]
+    survivors = [r for r in results if r.returncode != 17]
+    assert len(died) == 1, [(r.rank, r.returncode) for r in results]
+    assert_compiled_once(survivors)
+    assert any("expired" in r.log and "taking over" in r.log for r in survivors)
+
+
+def test_slow_claimant_keeps_its_claim(job, tcp_store):
+    # The first compile stalls for 4 lease periods; its heartbeat must keep the claim.
+    results = job(
+        WORLD,
+        {"no_pg": True, "external_store": f"127.0.0.1:{tcp_store.port}", "first_compiler": "slow:4"},
+        env={"COORDINATOR_LEASE_S": "1", "COORDINATOR_PROGRESS_S": "1"},
+    )
+    assert_compiled_once(results)
+    followers = [r for r in results if r.fx_misses == 0]
+    assert all(r.report["stats"]["waited_s"] >= 3.0 for r in followers)
+    assert all("waiting for" in r.log and "last heartbeat" in r.log for r in followers)
+    assert not any("taking over" in r.log for r in results)
+
+
+def test_rank_dependent_graphs_never_wait(job):
+    results = job(WORLD, {"model": "rank_dependent"}, env={"COORDINATOR_PROGRESS_S": "1"})
+    require_success(results)
+    for r in results:
+        assert r.fx_misses == UNIQUE_GRAPHS and r.fx_hits == 0
+        assert r.report["stats"]["waited_s"] < 1.0
+        assert "waiting for" not in r.log
+
+
+def test_collective_in_compiled_forward_does_not_deadlock(job):
+    results = job(WORLD, {"model": "collective", "steps": 2}, timeout=200)
+    require_success(results)
+    assert sum(r.fx_misses for r in results) < WORLD * UNIQUE_GRAPHS
+    for r in results:
+        torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
+
+
+def test_dead_store_falls_back_to_local_compiles(job, redis_server):
+    url = redis_server.url
+    redis_server.kill()
+    results = job(WORLD, {"store": url})
+    require_success(results)
+    for r in results:
+        assert r.fx_misses == UNIQUE_GRAPHS
+        assert r.report["stats"]["store_failures"] == 1
+        assert "compiling locally from now on" in r.log

@@ -1,0 +1,104 @@
+"""Tampered, truncated, wrongly signed and replayed values are refused, never loaded."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+import msgpack
+import pytest
+
+from coordinator import Config, IntegrityError
+from coordinator.fingerprint import describe_difference, environment, fingerprint
+from coordinator.integrity import open_sealed, seal
+from coordinator.session import Session
+
+
+def test_round_trip_with_and_without_secret():
+    blob = seal("k", b"payload", meta={"time_taken_ms": 5}, files={"ab/x.so": b"\x7fELF"})
+    sealed = open_sealed("k", blob)
+    assert (sealed.payload, sealed.meta, sealed.files, sealed.signed) == (b"payload", {"time_taken_ms": 5}, {"ab/x.so": b"\x7fELF"}, False)
+    signed = seal("k", b"payload", secret=b"s")
+    assert open_sealed("k", signed, secret=b"s").signed
+    # A reader without the secret still checks the checksum.
+    assert open_sealed("k", signed).payload == b"payload"
+
+
+@pytest.mark.parametrize(
+    "mangle, reason",
+    [
+        (lambda b: b[:-7], "not a coordinator envelope"),
+        (lambda b: b[: len(b) // 2], "not a coordinator envelope"),
+        (lambda b: b"garbage", "not a coordinator envelope"),
+        (lambda b: b.replace(b"payload", b"pAyload"), "checksum mismatch"),
+    ],
+    ids=["truncated-tail", "truncated-half", "garbage", "tampered"],
+)
+def test_corrupt_values_are_refused(mangle, reason):
+    blob = seal("k", b"payload")
+    with pytest.raises(IntegrityError, match=reason):
+        open_sealed("k", mangle(blob))
+
+
+def test_signature_checks():
+    with pytest.raises(IntegrityError, match="signature mismatch"):
+        open_sealed("k", seal("k", b"p", secret=b"right"), secret=b"wrong")
+    with pytest.raises(IntegrityError, match="unsigned"):
+        open_sealed("k", seal("k", b"p"), secret=b"right")
+    # Forging: tamper and recompute the checksum, but not the HMAC.
+    _, body, _, mac = msgpack.unpackb(seal("k", b"p", secret=b"right"))
+    fields = msgpack.unpackb(body)
+    fields["payload"] = b"evil"
+    body = msgpack.packb(fields, use_bin_type=True)
+    import hashlib
+
+    forged = msgpack.packb([b"coordinator/1", body, hashlib.sha256(body).digest(), mac], use_bin_type=True)
+    with pytest.raises(IntegrityError, match="signature mismatch"):
+        open_sealed("k", forged, secret=b"right")
+
+
+def test_value_is_bound_to_its_key():
+    with pytest.raises(IntegrityError, match="sealed for key"):
+        open_sealed("other", seal("k", b"p", secret=b"s"), secret=b"s")
+
+
+class Exploding:
+    """Unpickling this would run code: the test fails if it ever is."""
+
+    def __reduce__(self):
+        return (pytest.fail, ("a rejected value was unpickled",))
+
+
+def _session(url: str, secret: str | None = None) -> Session:
+    return Session(Config(store=url, secret=secret))
+
+
+@pytest.mark.parametrize("attack", ["tampered", "truncated", "wrong-secret", "unsigned"])
+def test_session_treats_bad_values_as_misses(tmp_path, caplog, attack):
+    url = f"file://{tmp_path}"
+    writer = _session(url, secret=None if attack == "unsigned" else "team-secret")
+    reader = _session(url, secret="other-secret" if attack == "wrong-secret" else "team-secret")
+    payload = pickle.dumps(Exploding())
+    writer.put("fx_graph", "pt2:fx-graph-v1::key:c1", payload)
+    store = writer.flight().store
+    key = writer._key("fx_graph", "pt2:fx-graph-v1::key:c1")
+    blob = store.get(f"v/{key}")
+    if attack == "tampered":
+        store.set(f"v/{key}", blob.replace(b"coordinator", b"coordinatoR", 1)[:-1] + bytes([blob[-1] ^ 1]))
+    elif attack == "truncated":
+        store.set(f"v/{key}", blob[:-100])
+    with caplog.at_level(logging.WARNING, logger="coordinator"):
+        assert reader.get("fx_graph", "pt2:fx-graph-v1::key:c1") is None
+    assert "rejected fx_graph entry" in caplog.text
+    assert reader.stats.as_dict()["rejected"] == 1
+    writer.close()
+    reader.close()
+
+
+def test_fingerprint_namespaces_environments():
+    ours = environment()
+    theirs = dict(ours, torch="2.11.0", gpu="NVIDIA H200 sm_90")
+    assert fingerprint(theirs) != fingerprint(ours)
+    assert "torch: 2.11.0 != " in describe_difference(ours, theirs)
+    assert "gpu: NVIDIA H200 sm_90 != none" in describe_difference(ours, theirs)
+    assert len(fingerprint()) == 16

@@ -1,0 +1,159 @@
+"""The claim / wait / publish protocol on real stores, with threads and killed processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from coordinator.singleflight import Owner, Singleflight
+
+
+def flight(store, rank, *, lease=1.0, wait_timeout=30.0):
+    return Singleflight(
+        store,
+        owner=Owner.this_process(rank),
+        lease=timedelta(seconds=lease),
+        wait_timeout=timedelta(seconds=wait_timeout),
+        progress_interval=timedelta(seconds=0.5),
+    )
+
+
+@pytest.fixture(params=["c10d", "file"])
+def store(request, tmp_path):
+    from coordinator import open_store
+
+    if request.param == "c10d":
+        return open_store(request.getfixturevalue("tcp_store"))
+    return open_store(f"file://{tmp_path}")
+
+
+def test_claim_wait_publish(store):
+    leader, follower = flight(store, 0), flight(store, 1)
+    assert leader.lookup("k", blocking=True).outcome == "claimed"
+    result = {}
+    t = threading.Thread(target=lambda: result.update(r=follower.lookup("k", blocking=True)))
+    t.start()
+    time.sleep(0.3)
+    assert t.is_alive()  # waiting on the store
+    leader.publish("k", b"value")
+    t.join(5)
+    assert result["r"].value == b"value" and result["r"].outcome == "waited"
+    assert result["r"].waited_s >= 0.3
+    assert flight(store, 2).lookup("k", blocking=True).outcome == "hit"
+    leader.close()
+
+
+def test_abandoned_claim_releases_waiters(store):
+    leader, follower = flight(store, 0), flight(store, 1)
+    leader.lookup("k", blocking=True)
+    threading.Timer(0.3, leader.abandon_all).start()
+    r = follower.lookup("k", blocking=True)
+    assert (r.value, r.outcome) == (None, "abandoned")
+    leader.close()
+
+
+def test_nonblocking_lookup_never_waits_or_claims(store):
+    leader = flight(store, 0)
+    leader.lookup("k", blocking=True)
+    start = time.monotonic()
+    assert flight(store, 1).lookup("k", blocking=False).outcome == "nonblocking"
+    assert flight(store, 1).lookup("other", blocking=False).outcome == "nonblocking"
+    assert time.monotonic() - start < 1
+    # Nobody claimed "other": a blocking asker gets it.
+    assert flight(store, 2).lookup("other", blocking=True).outcome == "claimed"
+    leader.close()
+
+
+def test_claim_holder_does_not_wait(store):
+    a, b = flight(store, 0), flight(store, 1)
+    assert a.lookup("x", blocking=True).outcome == "claimed"
+    assert b.lookup("y", blocking=True).outcome == "claimed"
+    # a holds x and asks for y (held by b): waiting could deadlock, so it compiles.
+    start = time.monotonic()
+    assert a.lookup("y", blocking=True).outcome == "nonblocking"
+    assert time.monotonic() - start < 1
+    a.close()
+    b.close()
+
+
+def test_heartbeat_keeps_a_long_claim(store):
+    leader, follower = flight(store, 0, lease=0.5), flight(store, 1, lease=0.5)
+    leader.lookup("k", blocking=True)
+    threading.Timer(2.5, leader.publish, args=("k", b"v")).start()  # 5 leases
+    r = follower.lookup("k", blocking=True)
+    assert (r.value, r.outcome) == (b"v", "waited")
+
+
+def test_deadline_ends_the_wait(store):
+    leader = flight(store, 0)
+    leader.lookup("k", blocking=True)
+    r = flight(store, 1, wait_timeout=0.5).lookup("k", blocking=True)
+    assert (r.value, r.outcome) == (None, "deadline")
+    leader.close()
+
+
+def test_killed_owner_is_taken_over_once(tmp_path):
+    """A process claims and is SIGKILLed; of 3 waiters exactly one takes over."""
+    from coordinator import open_store
+
+    url = f"file://{tmp_path}"
+    code = (
+        "import time, sys; from datetime import timedelta; from coordinator import open_store;"
+        "from coordinator.singleflight import Singleflight, Owner;"
+        f"f = Singleflight(open_store({url!r}), owner=Owner.this_process(9), lease=timedelta(seconds=1),"
+        " wait_timeout=timedelta(seconds=30), progress_interval=timedelta(seconds=1));"
+        "assert f.lookup('k', blocking=True).outcome == 'claimed'; print('claimed', flush=True); time.sleep(600)"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout.readline().strip() == "claimed"
+    store = open_store(url)
+    results = []
+
+    def wait(rank):
+        f = flight(store, rank)
+        r = f.lookup("k", blocking=True)
+        results.append(r.outcome)
+        if r.outcome == "claimed":
+            time.sleep(0.5)
+            f.publish("k", b"from the new owner")
+
+    threads = [threading.Thread(target=wait, args=(rank,)) for rank in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    owner.kill()
+    owner.wait()
+    for t in threads:
+        t.join(20)
+    assert sorted(results) == ["claimed", "waited", "waited"]
+    assert store.get("c/k/1") is None  # the new owner published and cleaned its claim
+
+
+def test_stale_claim_from_a_dead_job_is_taken_over(tmp_path):
+    from coordinator import open_store
+
+    store = open_store(f"file://{tmp_path}")
+    old = flight(store, 0)
+    old.lookup("k", blocking=True)
+    old._stop.set()  # the old job vanished without cleaning up
+    old._claims.clear()
+    start = time.monotonic()
+    r = flight(store, 1, lease=0.5).lookup("k", blocking=True)
+    assert r.outcome == "claimed"
+    assert 0.5 <= time.monotonic() - start < 5
+
+
+def test_store_failure_means_compile_locally(redis_server):
+    from coordinator.stores.redis import RedisStore
+
+    f = flight(RedisStore(redis_server.url, timeout=timedelta(seconds=1)), 0)
+    assert f.lookup("k", blocking=True).outcome == "claimed"
+    redis_server.kill()
+    assert f.publish("k", b"v") is False
+    assert f.lookup("k2", blocking=True).outcome == "unavailable"
+    assert not f.available

@@ -1,0 +1,146 @@
+"""Every store backend against the same contract, on real servers and real files."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from coordinator import ConfigError, StoreError, WaitTimeout, open_store
+from coordinator.stores.c10d import C10dStore
+from coordinator.stores.redis import RedisStore
+
+
+@pytest.fixture(params=["c10d", "redis", "file"])
+def store(request, tmp_path):
+    if request.param == "c10d":
+        yield open_store(request.getfixturevalue("tcp_store"))
+    elif request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        s = RedisStore(server.url, chunk_bytes=4096)
+        yield s
+        s.close()
+    else:
+        yield open_store(f"file://{tmp_path / 'store'}")
+
+
+def test_get_set_delete(store):
+    assert store.get("a/b") is None
+    store.set("a/b", b"value")
+    assert store.get("a/b") == b"value"
+    store.set("a/b", b"")
+    assert store.get("a/b") == b""
+    store.delete("a/b")
+    assert store.get("a/b") is None
+    store.delete("a/b")  # absent: not an error
+
+
+def test_add_if_absent_has_one_winner_among_threads(store):
+    winners = []
+
+    def claim(i):
+        if store.add_if_absent("claim/x", f"owner{i}".encode(), ttl=timedelta(seconds=60)):
+            winners.append(i)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(winners) == 1
+    assert store.get("claim/x") == f"owner{winners[0]}".encode()
+
+
+def test_large_value_round_trips(store):
+    value = bytes(range(256)) * 1000  # 256 kB: 63 chunks in the redis store
+    store.set("big", value)
+    assert store.get("big") == value
+    store.set("big", b"small again")
+    assert store.get("big") == b"small again"
+
+
+def test_wait_any(store):
+    threading.Timer(0.2, store.set, args=("late", b"1")).start()
+    assert store.wait_any(["never", "late"], timeout=timedelta(seconds=5)) == "late"
+    with pytest.raises(WaitTimeout, match="appeared in"):
+        store.wait_any(["never"], timeout=timedelta(milliseconds=100))
+
+
+def test_rejects_bad_keys(store):
+    for bad in ["../escape", "/abs", "sp ace", ""]:
+        with pytest.raises(ConfigError):
+            store.get(bad)
+
+
+def test_redis_chunks_are_replaced_and_cleaned(redis_server):
+    import redis
+
+    s = RedisStore(redis_server.url, chunk_bytes=1024)
+    s.set("k", b"x" * 5000)
+    raw = redis.Redis.from_url(redis_server.url)
+    assert len([k for k in raw.keys("*") if b"#chunk/" in k]) == 5
+    s.set("k", b"y" * 3000)
+    assert s.get("k") == b"y" * 3000
+    assert len([k for k in raw.keys("*") if b"#chunk/" in k]) == 3
+    s.delete("k")
+    assert raw.keys("*") == []
+
+
+def test_redis_missing_chunk_reads_as_absent(redis_server):
+    import redis
+
+    s = RedisStore(redis_server.url, chunk_bytes=1024)
+    s.set("k", b"x" * 5000)
+    raw = redis.Redis.from_url(redis_server.url)
+    raw.delete(next(k for k in raw.keys("*") if b"#chunk/" in k))
+    assert s.get("k") is None
+
+
+def test_redis_password_in_url(tmp_path):
+    from conftest import RedisServer
+
+    server = RedisServer(tmp_path)
+    try:
+        import redis
+
+        redis.Redis(port=server.port).config_set("requirepass", "s3cret")
+        with pytest.raises(StoreError):
+            RedisStore(server.url).get("k")
+        s = RedisStore(f"redis://:s3cret@127.0.0.1:{server.port}/0")
+        s.set("k", b"v")
+        assert s.get("k") == b"v"
+        assert "s3cret" not in s.name
+    finally:
+        server.kill()
+
+
+def test_dead_redis_raises_store_error(redis_server):
+    s = RedisStore(redis_server.url, timeout=timedelta(seconds=1))
+    s.set("k", b"v")
+    redis_server.kill()
+    with pytest.raises(StoreError, match="redis GET failed"):
+        s.get("k")
+
+
+def test_dead_tcp_store_raises_store_error():
+    import torch.distributed as dist
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=timedelta(seconds=2))
+    s = C10dStore(client)
+    s.set("k", b"v")
+    del master
+    with pytest.raises(StoreError):
+        s.get("k")
+
+
+def test_open_store_choices(tmp_path):
+    with pytest.raises(ConfigError, match="unknown store URL scheme"):
+        open_store("http://example")
+    with pytest.raises(ConfigError, match="names a host"):
+        open_store("file://host/path")
+    with pytest.raises(StoreError, match="not initialized"):
+        open_store(None)
+    s = open_store(f"file://{tmp_path}")
+    assert open_store(s) is s
