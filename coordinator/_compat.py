@@ -96,13 +96,6 @@ def routed_remote_caches(backends: dict[str, type]) -> Iterator[None]:
                 set_attr(_import(module), attr, True)
         inductor_config = _import("torch._inductor.config")
         set_attr(inductor_config, "bundle_triton_into_fx_graph_cache", True)
-        if "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" not in os.environ:
-            # Inductor preprocesses and precompiles its C++ prefix header whenever it
-            # loads a CPU kernel, even one already on disk: a follower that received
-            # every kernel would still run the compiler (and build a 149 MB .gch).
-            # Precompiled headers also made the cold compile of the test model slower
-            # (18.6 s against 16.9 s), so they stay off unless the user asks for them.
-            set_attr(inductor_config, "cpp_cache_precompile_headers", False)
         _clear_cached_remote_caches()
         yield
     finally:

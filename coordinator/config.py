@@ -14,7 +14,7 @@ lease                        COORDINATOR_LEASE_S             20 s
 wait_timeout                 COORDINATOR_WAIT_TIMEOUT_S      1800 s
 progress_interval            COORDINATOR_PROGRESS_S          10 s
 namespace                    COORDINATOR_NAMESPACE           ""
-caches                       COORDINATOR_CACHES              all five
+caches                       COORDINATOR_CACHES              all but bundled_autotune
 chunk_bytes                  COORDINATOR_CHUNK_BYTES         64 MiB
 ship_cpu_kernels             COORDINATOR_SHIP_CPU_KERNELS    true
 ===========================  ==============================  ==========================
@@ -32,6 +32,11 @@ from coordinator.errors import ConfigError
 
 #: Inductor caches the coordinator can route; see ``coordinator.inductor``.
 CACHE_KINDS = ("fx_graph", "autotune", "bundled_autotune", "aot_autograd", "pgo")
+#: Routed unless ``caches`` says otherwise. Bundled autotune is opt-in: switching it on
+#: fails the second graph of a job on torch 2.11 (``AutotuneCacheBundler.begin_compile``
+#: asserts on a bundler left over from the previous graph), and per-kernel autotune
+#: entries already carry the same results.
+DEFAULT_CACHES = ("fx_graph", "autotune", "aot_autograd", "pgo")
 
 _ENV = {
     "store": "COORDINATOR_STORE",
@@ -101,8 +106,8 @@ class Config:
     namespace: str = ""
     """Extra key prefix, e.g. a model or team name, for stores shared across jobs."""
 
-    caches: tuple[str, ...] = CACHE_KINDS
-    """Which Inductor caches to route through the coordinator."""
+    caches: tuple[str, ...] = DEFAULT_CACHES
+    """Which Inductor caches to route through the coordinator (see ``CACHE_KINDS``)."""
 
     chunk_bytes: int = 64 * 1024 * 1024
     """Largest single value written to Redis; larger values are split into chunks."""

@@ -4,7 +4,7 @@ Run with torchrun, e.g. 4 ranks on a CPU machine (gloo) or one rank per GPU (NCC
 
     torchrun --standalone --nproc-per-node 4 examples/train.py
 
-Every rank gets an empty Inductor cache dir of its own (``--shared-local-cache`` keeps
+Every rank gets empty Inductor and Triton cache dirs of its own (``--shared-local-cache`` keeps
 the usual one), as ranks on separate nodes would, so the run shows what the
 coordinator saves: one rank compiles each graph, the others receive it over the job's
 own TCPStore. ``--no-coordinator`` runs the same job with every rank compiling alone.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -73,9 +74,13 @@ def main() -> None:
     p.add_argument("--shared-local-cache", action="store_true", help="keep Inductor's usual cache dir")
     p.add_argument("--json", default=None, help="rank 0 writes the per-rank results here")
     args = p.parse_args()
+    logging.basicConfig(format=f"[rank{os.environ.get('RANK', 0)}] %(name)s: %(message)s")
+    logging.getLogger("coordinator").setLevel(logging.INFO)  # progress lines and the summary
 
     if not args.shared_local_cache:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"inductor-rank{os.environ.get('RANK', 0)}-")
+        fresh = tempfile.mkdtemp(prefix=f"inductor-rank{os.environ.get('RANK', 0)}-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(fresh, "triton")
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())

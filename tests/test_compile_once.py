@@ -3,7 +3,10 @@
 Each test starts a job of 3 processes (gloo, the real TCPStore of
 ``init_process_group``, or a real Redis server, or a real directory), each with an
 empty Inductor cache dir. "Unique graphs" is 2 for the test model (forward and
-backward). A follower "runs no C++ compiler" means zero ``CppBuilder.build`` calls.
+backward). A follower "builds no kernel" means zero ``CppBuilder.build`` calls for
+kernel libraries; with Inductor's precompiled headers on (its default) a rank on a
+fresh node still precompiles the C++ prefix header once, and with
+``TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0`` it runs no compiler at all.
 """
 
 from __future__ import annotations
@@ -17,13 +20,19 @@ UNIQUE_GRAPHS = 2
 WORLD = 3
 
 
-def assert_compiled_once(results, unique_graphs=UNIQUE_GRAPHS):
+NO_PCH = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
+
+
+def assert_compiled_once(results, unique_graphs=UNIQUE_GRAPHS, *, no_compiler=False):
     require_success(results)
     assert sum(r.fx_misses for r in results) == unique_graphs, [r.report["inductor"] for r in results]
     for r in results:
         assert r.fx_misses + r.fx_hits == unique_graphs
         if r.fx_misses == 0:
-            assert r.report["cpp_builds"] == 0, f"rank {r.rank} ran the C++ compiler"
+            builds = r.report["cpp_builds"]
+            assert builds["kernel"] == 0, f"rank {r.rank} compiled kernels: {builds}"
+            if no_compiler:
+                assert builds["header"] == 0, f"rank {r.rank} ran the C++ compiler: {builds}"
             assert r.report["stats"]["kernels_received"] > 0
         torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
 
@@ -45,14 +54,18 @@ def test_job_store_ddp_compiles_each_graph_once(job):
 @pytest.mark.parametrize("backend", ["redis", "file"])
 def test_shared_store_and_second_job_compiles_nothing(job, backend, redis_server, tmp_path):
     url = redis_server.url if backend == "redis" else f"file://{tmp_path / 'shared-cache'}"
-    first = job(WORLD, {"store": url, "ddp": True})
-    assert_compiled_once(first)
+    # The directory store runs without precompiled headers: followers run no compiler at all.
+    env = NO_PCH if backend == "file" else {}
+    first = job(WORLD, {"store": url, "ddp": True}, env=env)
+    assert_compiled_once(first, no_compiler=backend == "file")
     # A new job: new processes, empty local cache dirs, same store.
-    second = job(WORLD, {"store": url, "ddp": True})
+    second = job(WORLD, {"store": url, "ddp": True}, env=env)
     require_success(second)
     for r in second:
         assert r.fx_misses == 0 and r.fx_hits == UNIQUE_GRAPHS
-        assert r.report["cpp_builds"] == 0
+        assert r.report["cpp_builds"]["kernel"] == 0
+        if backend == "file":
+            assert r.report["cpp_builds"]["header"] == 0
         assert r.report["stats"]["waited_s"] < 1.0
 
 

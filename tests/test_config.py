@@ -6,7 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from coordinator import CACHE_KINDS, Config, ConfigError
+from coordinator import Config, ConfigError
+from coordinator.config import DEFAULT_CACHES
 
 
 def test_defaults(monkeypatch):
@@ -15,7 +16,7 @@ def test_defaults(monkeypatch):
     config = Config.resolve()
     assert config.store is None and config.secret is None
     assert config.lease == timedelta(seconds=20)
-    assert config.caches == CACHE_KINDS
+    assert config.caches == DEFAULT_CACHES and "bundled_autotune" not in DEFAULT_CACHES
 
 
 def test_precedence(monkeypatch):

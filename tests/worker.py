@@ -30,15 +30,20 @@ import torch.distributed as dist
 import coordinator
 
 
-def count_cpp_builds() -> list[int]:
-    """Count C++ compiler runs in this process (compile threads are set to 1)."""
+def count_cpp_builds() -> dict[str, int]:
+    """Count C++ compiler runs in this process (compile threads are set to 1).
+
+    "kernel" builds produce a kernel library; "header" builds preprocess or precompile
+    Inductor's C++ prefix header (once per node, when precompiled headers are on).
+    """
     from torch._inductor import cpp_builder
 
-    calls = [0]
+    calls = {"kernel": 0, "header": 0}
     original = cpp_builder.CppBuilder.build
 
     def build(self, *args, **kwargs):
-        calls[0] += 1
+        target = self.get_target_file_path()
+        calls["header" if target.endswith((".gch", "header.i")) else "kernel"] += 1
         return original(self, *args, **kwargs)
 
     cpp_builder.CppBuilder.build = build
@@ -139,7 +144,7 @@ def main() -> None:
             "losses": losses,
             "ref_losses": ref_losses,
             "step_times": step_times,
-            "cpp_builds": builds[0],
+            "cpp_builds": builds,
             "inductor": coordinator._compat.inductor_counters(),
         }
     result["stats"] = coordinator.stats()

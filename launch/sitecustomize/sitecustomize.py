@@ -1,0 +1,42 @@
+"""Turn compile_once on in a Python process from environment variables alone.
+
+Put this directory first on the workers' ``PYTHONPATH`` and set
+``COORDINATOR_ENABLE=1`` (plus any ``COORDINATOR_*`` settings): every worker then
+runs under ``coordinator.compile_once()`` for its whole life, with no change to the
+training script. The store is opened at the first compile, after the script has
+called ``init_process_group``. A site's own ``sitecustomize`` further down the path
+still runs.
+"""
+
+import os
+import sys
+
+
+def _enable() -> None:
+    if os.environ.get("COORDINATOR_ENABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
+        return
+    try:
+        import coordinator
+
+        coordinator.enable_from_env()
+    except Exception as exc:  # never stop the worker from starting
+        print(f"coordinator: not enabled: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _chain_next_sitecustomize() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    import importlib.util
+
+    for entry in sys.path:
+        if os.path.abspath(entry or ".") == here:
+            continue
+        candidate = os.path.join(entry or ".", "sitecustomize.py")
+        if os.path.isfile(candidate):
+            spec = importlib.util.spec_from_file_location("_site_sitecustomize", candidate)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return
+
+
+_chain_next_sitecustomize()
+_enable()
