@@ -86,7 +86,21 @@ def main() -> None:
         f"Inductor cache dir. Time = from a barrier after `init_process_group` until the last rank "
         f"finishes step 1; median of {args.repeat} runs.\n\n{table}\n"
     )
-    Path(args.out).write_text("# Benchmark results\n\n" + section)
+    write_section(Path(args.out), section)
+
+
+BEGIN, END = "<!-- cold_start.py: begin -->", "<!-- cold_start.py: end -->"
+
+
+def write_section(path: Path, section: str) -> None:
+    """Replace this script's section of RESULTS.md, keeping everything else."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
+    block = f"{BEGIN}\n{section}{END}\n"
+    if BEGIN in text and END in text:
+        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) + 1 :]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    path.write_text(text)
 
 
 if __name__ == "__main__":

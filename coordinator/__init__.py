@@ -5,8 +5,16 @@ store and loads the result instead of compiling. See ``compile_once``.
 """
 
 from coordinator.api import compile_once, enable_from_env, stats
+from coordinator.bundle import broadcast_bundle, fetch_bundle, load_bundle, pack_bundle, read_bundle, save_bundle
 from coordinator.config import CACHE_KINDS, Config
-from coordinator.errors import ConfigError, CoordinatorError, IntegrityError, StoreError, WaitTimeout
+from coordinator.errors import (
+    ConfigError,
+    CoordinatorError,
+    EnvironmentMismatch,
+    IntegrityError,
+    StoreError,
+    WaitTimeout,
+)
 from coordinator.fingerprint import environment, fingerprint
 from coordinator.stores import Store, open_store
 
@@ -15,13 +23,20 @@ __all__ = [
     "Config",
     "ConfigError",
     "CoordinatorError",
+    "EnvironmentMismatch",
     "IntegrityError",
     "Store",
     "StoreError",
     "WaitTimeout",
+    "broadcast_bundle",
     "compile_once",
     "enable_from_env",
     "environment",
+    "fetch_bundle",
+    "load_bundle",
+    "pack_bundle",
+    "read_bundle",
+    "save_bundle",
     "fingerprint",
     "open_store",
     "stats",

@@ -183,6 +183,14 @@ def inductor_cache_dir() -> str:
     return cache_dir()
 
 
+def process_compile_seconds() -> float:
+    """Seconds this process spent in torch.compile: frame compiles plus lazy backward compiles."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    phases = ("_compile.compile_inner", "backward._backward_impl")
+    return float(sum(sum(compilation_time_metrics.get(phase, ())) for phase in phases))
+
+
 def inductor_counters() -> dict[str, int]:
     """A copy of Inductor's counters (fxgraph_cache_hit/miss, ...)."""
     from torch._dynamo.utils import counters

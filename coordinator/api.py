@@ -89,6 +89,11 @@ def compile_once(
         log.info("%s", session.stats.summary())
 
 
+def current_session() -> Session | None:
+    """The active ``compile_once`` session, or the last one to exit, if any."""
+    return _active or _last
+
+
 def stats() -> dict:
     """This rank's counters from the active ``compile_once``, or the last one to exit."""
     session = _active or _last

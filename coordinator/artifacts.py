@@ -25,13 +25,15 @@ import uuid
 log = logging.getLogger(__name__)
 
 KERNEL_SUFFIXES = (".so", ".o")
+#: Triton autotune results Inductor keeps beside each kernel; Mega-Cache leaves them out.
+AUTOTUNE_SUFFIXES = (".best_config",)
 _REL_PATH = re.compile(r"^[a-z0-9]{2}/[A-Za-z0-9_.]+$")
 #: File times can trail the claim by a little on coarse-grained filesystems.
 _MTIME_SLACK_S = 1.0
 
 
-def collect_kernels(cache_dir: str, since: float) -> dict[str, bytes]:
-    """Kernel files under ``cache_dir`` written at or after wall time ``since``.
+def collect_kernels(cache_dir: str, since: float, suffixes: tuple[str, ...] = KERNEL_SUFFIXES) -> dict[str, bytes]:
+    """Kernel files (or other ``suffixes``) under ``cache_dir`` written at or after ``since``.
 
     Returns:
         ``{"ab/cabc….so": bytes}``, paths relative to ``cache_dir``.
@@ -47,13 +49,13 @@ def collect_kernels(cache_dir: str, since: float) -> dict[str, bytes]:
         if len(entry.name) != 2 or not entry.is_dir() or entry.stat().st_mtime < cutoff:
             continue
         for item in os.scandir(entry.path):
-            if item.name.endswith(KERNEL_SUFFIXES) and item.is_file() and item.stat().st_mtime >= cutoff:
+            if item.name.endswith(suffixes) and item.is_file() and item.stat().st_mtime >= cutoff:
                 with open(item.path, "rb") as f:
                     found[f"{entry.name}/{item.name}"] = f.read()
     return found
 
 
-def emit_kernels(cache_dir: str, files: dict[str, bytes]) -> int:
+def emit_kernels(cache_dir: str, files: dict[str, bytes], suffixes: tuple[str, ...] = KERNEL_SUFFIXES) -> int:
     """Write ``files`` into ``cache_dir`` atomically, keeping any that already exist.
 
     Returns:
@@ -61,8 +63,8 @@ def emit_kernels(cache_dir: str, files: dict[str, bytes]) -> int:
     """
     written = 0
     for rel, data in files.items():
-        if not _REL_PATH.match(rel) or not rel.endswith(KERNEL_SUFFIXES):
-            log.warning("ignoring unexpected kernel path %r in a received entry", rel)
+        if not _REL_PATH.match(rel) or not rel.endswith(suffixes):
+            log.warning("ignoring unexpected cache file path %r in a received entry", rel)
             continue
         path = os.path.join(cache_dir, rel)
         if os.path.exists(path):

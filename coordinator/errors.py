@@ -26,3 +26,7 @@ class IntegrityError(CoordinatorError):
 
 class WaitTimeout(CoordinatorError):
     """Waiting for another rank to publish a key passed the configured deadline."""
+
+
+class EnvironmentMismatch(IntegrityError):
+    """A bundle was built in another environment (torch, Triton, CUDA, GPU, Python...)."""

@@ -58,6 +58,10 @@ class Session:
         self._told_no_store = False
         self._miss_times: dict[str, float] = {}
         self._prefix = ""
+        #: Kernel files this rank compiled or received, and the compile time of the FX
+        #: graphs it compiled or received: what a whole-job bundle needs to carry.
+        self.kernel_files: set[str] = set()
+        self.graph_compile_time_s = 0.0
 
     # -- store -------------------------------------------------------------------------
 
@@ -120,6 +124,12 @@ class Session:
         digest = hashlib.sha256(inductor_key.encode()).hexdigest()[:40]
         return f"{self._prefix}/{kind}/{digest}"
 
+    def _note_miss(self, kind: str, key: str) -> None:
+        # When this rank compiles a graph it did not claim (the store failed, or it
+        # held another claim), kernels written since the miss travel with the entry.
+        if kind == "fx_graph":
+            self._miss_times[key] = time.time()
+
     # -- the two calls Inductor makes ----------------------------------------------------
 
     def get(self, kind: str, inductor_key: str) -> bytes | None:
@@ -132,16 +142,16 @@ class Session:
         if result.waited_s:
             self.stats.record_wait(result.waited_s)
         if result.outcome == "unavailable":
-            self.stats.store_failures = 1
+            self.stats.store_failed = True
         if result.value is None:
-            self._miss_times[key] = time.time()
+            self._note_miss(kind, key)
             self.stats.record_miss(kind)
             return None
         try:
             sealed = open_sealed(key, result.value, secret=self.config.secret)
         except IntegrityError as exc:
             log.warning("compile_once: rejected %s entry %s from the store: %s; compiling locally", kind, key, exc)
-            self._miss_times[key] = time.time()
+            self._note_miss(kind, key)
             self.stats.record_miss(kind, rejected=True)
             return None
         kernels = 0
@@ -151,6 +161,9 @@ class Session:
             except OSError as exc:
                 log.warning("compile_once: could not write received kernels (%s); Inductor will compile them", exc)
         saved_s = sealed.meta.get("time_taken_ms", 0) / 1000.0
+        if kind == "fx_graph":
+            self.kernel_files.update(sealed.files)
+            self.graph_compile_time_s += saved_s
         if kind in _compat.INDUCTOR_EXTENDS_TIMEOUT:
             # Inductor extends by the entry's recorded compile time itself on this hit.
             extension = float(int(saved_s)) if _compat.has_nccl_process_group() else 0.0
@@ -176,11 +189,14 @@ class Session:
         since = flight.claim_started(key) or self._miss_times.pop(key, None)
         if kind == "fx_graph" and self.config.ship_cpu_kernels and since is not None:
             files = collect_kernels(_compat.inductor_cache_dir(), since)
+        if kind == "fx_graph":
+            self.kernel_files.update(files)
+            self.graph_compile_time_s += meta["time_taken_ms"] / 1000.0
         blob = seal(key, data, meta=meta, files=files, secret=self.config.secret)
         if flight.publish(key, blob):
             self.stats.record_publish(kind, len(blob))
         else:
-            self.stats.store_failures = 1
+            self.stats.store_failed = True
 
     def compile_ended(self) -> None:
         """An outermost compile finished: release claims it did not publish."""

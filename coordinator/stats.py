@@ -33,7 +33,7 @@ class Stats:
         self.kernels_received = 0
         self.compile_time_saved_s = 0.0
         self.timeout_extension_s = 0.0
-        self.store_failures = 0
+        self.store_failed = False
         self.store = "none"
 
     def record_hit(self, kind: str, nbytes: int, saved_s: float, extension_s: float, kernels: int) -> None:
@@ -73,7 +73,7 @@ class Stats:
                 "compile_time_saved_s": round(self.compile_time_saved_s, 3),
                 "timeout_extension_s": round(self.timeout_extension_s, 3),
                 "rejected": sum(c.rejected for c in self.kinds.values()),
-                "store_failures": self.store_failures,
+                "store_failed": self.store_failed,
                 "by_cache": {kind: dataclasses.asdict(c) for kind, c in sorted(self.kinds.items())},
             }
 

@@ -14,10 +14,15 @@ Options:
         first graph does (decided through a marker file, so exactly one does it)
     external_store: "host:port" of a TCPStore hosted by the test, used as the store
     no_pg: do not initialize a process group (fault tests, where a rank dies)
+    coordinator: run under compile_once (default true)
+    bundle: "broadcast" (rank 0 runs its steps, then broadcasts its bundle, then the
+        others run theirs), "save:<url>" (save this rank's bundle after the steps) or
+        "load:<url>" (load the bundle before compiling)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -131,7 +136,8 @@ def main() -> None:
     torch.manual_seed(1)
     batches = [torch.randn(8, 16) for _ in range(options.get("steps", 2))]
     losses, ref_losses, step_times = [], [], []
-    with coordinator.compile_once(store):
+
+    def run_steps():
         for x in batches:
             start = time.perf_counter()
             loss = compiled(x).pow(2).mean()
@@ -139,6 +145,23 @@ def main() -> None:
             step_times.append(time.perf_counter() - start)
             losses.append(loss.item())
             ref_losses.append(reference(x).pow(2).mean().item())
+
+    bundle = options.get("bundle", "")
+    bundle_result = None
+    if bundle.startswith("load:"):
+        bundle_result = coordinator.load_bundle(bundle[len("load:"):])
+    context = coordinator.compile_once(store) if options.get("coordinator", True) else contextlib.nullcontext()
+    with context:
+        if bundle == "broadcast":
+            if rank == 0:
+                run_steps()
+            bundle_result = coordinator.broadcast_bundle(0)
+            if rank != 0:
+                run_steps()
+        else:
+            run_steps()
+        if bundle.startswith("save:"):
+            bundle_result = {"bytes": coordinator.save_bundle(bundle[len("save:"):])}
         result = {
             "rank": rank,
             "losses": losses,
@@ -146,6 +169,7 @@ def main() -> None:
             "step_times": step_times,
             "cpp_builds": builds,
             "inductor": coordinator._compat.inductor_counters(),
+            "bundle": bundle_result,
         }
     result["stats"] = coordinator.stats()
     with open(options["out"], "w") as f:

@@ -37,8 +37,11 @@ class Store(abc.ABC):
         """Return the value of ``key``, or ``None`` if it is absent."""
 
     @abc.abstractmethod
-    def set(self, key: str, value: bytes) -> None:
-        """Write ``value`` under ``key``; readers see the old value or the whole new one."""
+    def set(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
+        """Write ``value`` under ``key``; readers see the old value or the whole new one.
+
+        ``ttl``, where the backend supports expiry, bounds how long the value lives.
+        """
 
     @abc.abstractmethod
     def add_if_absent(self, key: str, value: bytes, ttl: timedelta | None = None) -> bool:
@@ -53,6 +56,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key``; removing an absent key is not an error."""
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Keys that start with ``prefix`` (for listing bundles); not every backend can."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list keys")
 
     def wait_any(self, keys: list[str], timeout: timedelta, poll: timedelta = timedelta(milliseconds=50)) -> str:
         """Block until one of ``keys`` exists and return it.

@@ -45,7 +45,7 @@ class C10dStore(Store):
 
         return self._call("get", read)
 
-    def set(self, key: str, value: bytes) -> None:
+    def set(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
         self._call("set", self._store.set, self._prefix + check_key(key), value)
 
     def add_if_absent(self, key: str, value: bytes, ttl: timedelta | None = None) -> bool:

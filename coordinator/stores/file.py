@@ -49,7 +49,7 @@ class FileStore(Store):
         except OSError as exc:
             raise StoreError(f"reading {key} from {self.root} failed: {exc}") from exc
 
-    def set(self, key: str, value: bytes) -> None:
+    def set(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
         path = self._path(key)
         try:
             tmp = self._temp_file(path, value)
@@ -70,6 +70,17 @@ class FileStore(Store):
                 os.unlink(tmp)
         except OSError as exc:
             raise StoreError(f"claiming {key} in {self.root} failed: {exc}") from exc
+
+    def list_keys(self, prefix: str) -> list[str]:
+        keys = []
+        for dirpath, _, filenames in os.walk(self.root):
+            for name in filenames:
+                if ".tmp-" in name:
+                    continue
+                key = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
 
     def delete(self, key: str) -> None:
         try:

@@ -86,17 +86,19 @@ class RedisStore(Store):
             return None
         return value
 
-    def set(self, key: str, value: bytes) -> None:
+    def set(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
+        px = int(ttl.total_seconds() * 1000) if ttl is not None else None
         if len(value) + 1 <= self._chunk_bytes:
-            self._run("SET", self._client.set, self._key(key), _RAW + value)
+            old = self._run("SET", self._client.set, self._key(key), _RAW + value, px=px, get=True)
+            self._delete_chunks(key, old)
             return
         upload_id = uuid.uuid4().hex[:16]
         n = (len(value) + self._chunk_bytes - 1) // self._chunk_bytes
         for index in range(n):
             chunk = value[index * self._chunk_bytes : (index + 1) * self._chunk_bytes]
-            self._run("SET chunk", self._client.set, self._chunk_key(key, upload_id, index), chunk)
+            self._run("SET chunk", self._client.set, self._chunk_key(key, upload_id, index), chunk, px=px)
         manifest = msgpack.packb({"id": upload_id, "n": n, "size": len(value)})
-        old = self._run("GETSET", self._client.getset, self._key(key), _MANIFEST + manifest)
+        old = self._run("SET", self._client.set, self._key(key), _MANIFEST + manifest, px=px, get=True)
         self._delete_chunks(key, old)
 
     def _delete_chunks(self, key: str, raw: bytes | None) -> None:
@@ -106,6 +108,12 @@ class RedisStore(Store):
         names = [self._chunk_key(key, manifest["id"], i) for i in range(manifest["n"])]
         if names:
             self._run("DEL chunks", self._client.delete, *names)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        pattern = self._key(prefix) + "*"
+        names = self._run("SCAN", lambda: list(self._client.scan_iter(match=pattern, count=1000)))
+        start = len(self._prefix)
+        return sorted(n.decode()[start:] for n in names if b"#chunk/" not in n)
 
     def add_if_absent(self, key: str, value: bytes, ttl: timedelta | None = None) -> bool:
         px = int(ttl.total_seconds() * 1000) if ttl is not None else None

@@ -1,0 +1,115 @@
+"""The ``coordinator`` command line: manage persisted bundles.
+
+    coordinator bundle save URL FILE [--name NAME] [--ttl S] [--max-bytes N]
+    coordinator bundle load URL [--name NAME] [--out FILE]
+    coordinator bundle inspect URL|FILE [--name NAME]
+    coordinator bundle ls URL
+    coordinator bundle rm URL NAME
+
+``URL`` is a ``redis://``/``rediss://`` or ``file://`` store. ``load`` fetches,
+verifies and installs into this machine's Inductor cache dir (once per node), or with
+``--out`` only downloads the verified bytes. The secret comes from
+``COORDINATOR_SECRET``. Exit status: 0 on success, 1 on a refused or missing bundle,
+2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import timedelta
+
+from coordinator import bundle as bundles
+from coordinator.errors import CoordinatorError
+from coordinator.fingerprint import fingerprint
+
+
+def _read_source(source: str, name: str) -> bytes:
+    if "://" in source:
+        from coordinator.stores import open_store
+
+        blob = open_store(source).get(bundles.bundle_key(name))
+        if blob is None:
+            raise FileNotFoundError(f"no bundle {name!r} for environment {fingerprint()} in {source}")
+        return blob
+    with open(source, "rb") as f:
+        return f.read()
+
+
+def _bundle_command(args: argparse.Namespace) -> int:
+    secret = bundles._secret(None)
+    if args.action == "save":
+        with open(args.file, "rb") as f:
+            blob = f.read()
+        bundles.read_bundle(blob, secret=secret)  # refuse to publish a bad bundle
+        ttl = timedelta(seconds=args.ttl) if args.ttl else None
+        size = bundles.save_bundle(args.url, name=args.name, ttl=ttl, max_bytes=args.max_bytes, blob=blob)
+        print(f"saved {size} bytes as {bundles.bundle_key(args.name)}")
+    elif args.action == "load":
+        if args.out:
+            blob = _read_source(args.url, args.name)
+            bundles.read_bundle(blob, secret=secret)
+            with open(args.out, "wb") as f:
+                f.write(blob)
+            print(f"wrote {len(blob)} verified bytes to {args.out}")
+        else:
+            print(json.dumps(bundles.load_bundle(args.url, name=args.name, secret=secret)))
+    elif args.action == "inspect":
+        blob = _read_source(args.source, args.name)
+        described = bundles.read_bundle(blob, secret=secret, check_environment=False).describe()
+        described["matches_this_environment"] = described["fingerprint"] == fingerprint()
+        described["bytes"] = len(blob)
+        print(json.dumps(described, indent=2, default=str))
+    elif args.action == "ls":
+        from coordinator.stores import open_store
+
+        store = open_store(args.url)
+        for key in store.list_keys("bundles/"):
+            blob = store.get(key)
+            print(f"{key}\t{len(blob) if blob is not None else 0}")
+    elif args.action == "rm":
+        from coordinator.stores import open_store
+
+        open_store(args.url).delete(bundles.bundle_key(args.name))
+        print(f"removed {bundles.bundle_key(args.name)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="coordinator", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    bundle = commands.add_parser("bundle", help="save, load, inspect, list and remove bundles")
+    actions = bundle.add_subparsers(dest="action", required=True)
+    save = actions.add_parser("save", help="publish a bundle file to a store")
+    save.add_argument("url")
+    save.add_argument("file")
+    save.add_argument("--name", default="default")
+    save.add_argument("--ttl", type=float, default=None, help="seconds until Redis expires it")
+    save.add_argument("--max-bytes", type=int, default=None)
+    load = actions.add_parser("load", help="fetch, verify and install a bundle (or --out FILE)")
+    load.add_argument("url")
+    load.add_argument("--name", default="default")
+    load.add_argument("--out", default=None)
+    inspect = actions.add_parser("inspect", help="print a bundle's fingerprint, sizes, kernels, signature")
+    inspect.add_argument("source", help="store URL or bundle file")
+    inspect.add_argument("--name", default="default")
+    ls = actions.add_parser("ls", help="list the bundles in a store")
+    ls.add_argument("url")
+    rm = actions.add_parser("rm", help="remove a bundle")
+    rm.add_argument("url")
+    rm.add_argument("name")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _bundle_command(args)
+    except (CoordinatorError, FileNotFoundError, OSError) as exc:
+        print(f"coordinator: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Whole-job bundles: broadcast, persist and restore, verify before writing anything."""
+
+from __future__ import annotations
+
+import os
+
+import msgpack
+import pytest
+import torch
+
+import coordinator
+from coordinator import EnvironmentMismatch, IntegrityError
+from coordinator.bundle import build_bundle, bundle_key, read_bundle
+from conftest import require_success
+
+UNIQUE_GRAPHS = 2
+NO_PCH = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
+
+
+def assert_loaded_everything(r):
+    assert r.fx_misses == 0 and r.fx_hits == UNIQUE_GRAPHS, r.report["inductor"]
+    assert r.report["cpp_builds"] == {"kernel": 0, "header": 0}, r.report["cpp_builds"]
+    torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
+
+
+def test_broadcast_from_rank0_then_others_compile_nothing(job):
+    results = job(4, {"bundle": "broadcast", "coordinator": False}, env=NO_PCH)
+    require_success(results)
+    assert results[0].fx_misses == UNIQUE_GRAPHS
+    size = results[0].report["bundle"]["bytes"]
+    for r in results[1:]:
+        assert r.report["bundle"]["bytes"] == size and r.report["bundle"]["files_written"] > 0
+        assert r.report["bundle"]["compile_time_s"] > 1.0  # what rank 0's compile cost
+        assert r.report["bundle"]["timeout_extension_s"] == 0  # gloo: no NCCL timeouts
+        assert_loaded_everything(r)
+
+
+@pytest.mark.parametrize("backend", ["redis", "file"])
+def test_save_then_new_job_loads(job, backend, redis_server, tmp_path):
+    url = redis_server.url if backend == "redis" else f"file://{tmp_path / 'bundles'}"
+    first = job(1, {"bundle": f"save:{url}", "coordinator": False}, env=NO_PCH)
+    require_success(first)
+    assert first[0].report["bundle"]["bytes"] > 0
+    second = job(2, {"bundle": f"load:{url}", "coordinator": False}, env=NO_PCH)
+    require_success(second)
+    for r in second:
+        assert r.report["bundle"]["fetched"] is True
+        assert_loaded_everything(r)
+
+
+def test_four_local_ranks_restore_with_one_fetch(job, tmp_path):
+    url = f"file://{tmp_path / 'bundles'}"
+    require_success(job(1, {"bundle": f"save:{url}", "coordinator": False}, env=NO_PCH))
+    node_cache = tmp_path / "node-local-inductor"
+    results = job(4, {"bundle": f"load:{url}", "coordinator": False, "no_pg": True},
+                  env={**NO_PCH, "TORCHINDUCTOR_CACHE_DIR": str(node_cache)})
+    require_success(results)
+    assert sum(r.report["bundle"]["fetched"] for r in results) == 1
+    for r in results:
+        assert_loaded_everything(r)
+
+
+def synthetic(secret=None, env=None, size=1000):
+    artifacts = {"megacache": os.urandom(size), "kernel/ab/cabc.so": b"\x7fELF fake kernel"}
+    return build_bundle(artifacts, compile_time_s=12.5, secret=secret, env=env), artifacts
+
+
+def test_round_trip_and_inspect():
+    blob, artifacts = synthetic(secret=b"k")
+    bundle = read_bundle(blob, secret=b"k")
+    assert bundle.artifacts == artifacts and bundle.compile_time_s == 12.5
+    described = bundle.describe()
+    assert described["kernels"] == ["ab/cabc.so"] and described["fingerprint"] == coordinator.fingerprint()
+    assert described["bytes_by_kind"] == {"megacache": 1000, "kernel": len(artifacts["kernel/ab/cabc.so"])}
+    assert described["signature"] == "HMAC-SHA256, verified"
+
+
+def _forge(blob):
+    magic, header, artifacts, mac = msgpack.unpackb(blob)
+    artifacts["megacache"] = b"evil" + artifacts["megacache"][4:]
+    return msgpack.packb([magic, header, artifacts, mac], use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    "make, secret, error, reason",
+    [
+        (lambda: synthetic()[0][:-50], None, IntegrityError, "not a coordinator bundle"),
+        (lambda: _forge(synthetic()[0]), None, IntegrityError, "checksum mismatch in bundle artifact 'megacache'"),
+        (lambda: synthetic(secret=b"right")[0], b"wrong", IntegrityError, "signature mismatch"),
+        (lambda: synthetic()[0], b"right", IntegrityError, "unsigned"),
+        (lambda: synthetic(env=dict(coordinator.environment(), torch="2.11.0", gpu="NVIDIA H200 sm_90"))[0], None,
+         EnvironmentMismatch, "gpu: NVIDIA H200 sm_90 != none; torch: 2.11.0 != "),
+    ],
+    ids=["truncated", "corrupt", "wrong-secret", "unsigned", "wrong-environment"],
+)
+def test_bad_bundles_are_refused_before_anything_is_written(tmp_path, monkeypatch, make, secret, error, reason):
+    cache = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    store_dir = tmp_path / "store"
+    url = f"file://{store_dir}"
+    coordinator.open_store(url).set(bundle_key(), make())
+    with pytest.raises(error, match=reason):
+        coordinator.load_bundle(url, secret=secret)
+    written = [p for p in cache.rglob("*") if p.is_file() and not p.name.startswith(".coordinator-bundle")]
+    assert written == []
+
+
+def test_bundle_over_512mb_survives_redis(redis_server):
+    # Redis refuses single values over 512 MB; the store chunks them (64 MiB each).
+    blob, artifacts = synthetic(size=600 * 1024 * 1024)
+    del artifacts
+    coordinator.save_bundle(redis_server.url, name="big", blob=blob)
+    fetched = coordinator.fetch_bundle(redis_server.url, name="big")
+    assert len(fetched.megacache) == 600 * 1024 * 1024
+
+
+def test_cli_save_inspect_ls_load_rm(tmp_path, capsys, monkeypatch):
+    from coordinator.cli import main
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    blob, _ = synthetic()
+    path = tmp_path / "b.bundle"
+    path.write_bytes(blob)
+    url = f"file://{tmp_path / 'store'}"
+    assert main(["bundle", "save", url, str(path), "--name", "nightly"]) == 0
+    assert main(["bundle", "inspect", url, "--name", "nightly"]) == 0
+    out = capsys.readouterr().out
+    assert '"kernels": [\n    "ab/cabc.so"' in out and '"matches_this_environment": true' in out
+    assert main(["bundle", "ls", url]) == 0
+    assert bundle_key("nightly") in capsys.readouterr().out
+    assert main(["bundle", "load", url, "--name", "nightly", "--out", str(tmp_path / "copy")]) == 0
+    assert (tmp_path / "copy").read_bytes() == blob
+    assert main(["bundle", "rm", url, "nightly"]) == 0
+    assert main(["bundle", "inspect", url, "--name", "nightly"]) == 1
+    assert "no bundle 'nightly'" in capsys.readouterr().err
+    bad = tmp_path / "bad.bundle"
+    bad.write_bytes(blob[:-10])
+    assert main(["bundle", "save", url, str(bad)]) == 1
