@@ -22,10 +22,11 @@ import time
 from coordinator import _compat
 from coordinator.artifacts import collect_kernels, emit_kernels
 from coordinator.config import Config
-from coordinator.errors import IntegrityError, StoreError
+from coordinator.errors import IntegrityError, StoreError, WaitTimeout
 from coordinator.fingerprint import fingerprint
 from coordinator.integrity import open_sealed, seal
-from coordinator.singleflight import Owner, Singleflight
+from coordinator.node import NodeCache
+from coordinator.singleflight import LookupResult, Owner, Singleflight
 from coordinator.stats import Stats
 from coordinator.stores import Store, open_store
 
@@ -62,6 +63,7 @@ class Session:
         #: graphs it compiled or received: what a whole-job bundle needs to carry.
         self.kernel_files: set[str] = set()
         self.graph_compile_time_s = 0.0
+        self._node: NodeCache | None = None
 
     # -- store -------------------------------------------------------------------------
 
@@ -84,6 +86,7 @@ class Session:
             return None
         rank = _current_rank()
         self.stats.rank = rank
+        self._node = NodeCache(_compat.inductor_cache_dir())
         self.stats.store = store.name
         self._prefix = f"{fingerprint()}/{self.config.namespace or '_'}"
         self._check_device_index(store, rank)
@@ -120,6 +123,34 @@ class Session:
                 index, "" if other is None else f" and rank {peer} for cuda:{int(other)}",
             )
 
+    def _lookup(self, flight: Singleflight, kind: str, key: str) -> LookupResult:
+        """Look ``key`` up once per node: from this node's copy, else (under the node
+        lock, so sibling ranks wait here instead of asking the store) from the store."""
+        node = self._node
+        local = node.read(key)
+        if local is not None:
+            return LookupResult(local, "node")
+        started = time.monotonic()
+        # Waiting on the node lock is waiting too: a rank that holds a claim only tries it.
+        timeout = 0.0 if flight.holds_claims() else self.config.wait_timeout.total_seconds()
+        try:
+            with node.lock(key, timeout):
+                lock_wait = time.monotonic() - started
+                local = node.read(key)
+                if local is not None:
+                    return LookupResult(local, "node", lock_wait)
+                result = flight.lookup(key, blocking=kind in BLOCKING_KINDS)
+                result.waited_s += lock_wait
+                if result.value is not None:
+                    node.write(key, result.value)
+                    self.stats.record_store_fetch()
+                return result
+        except WaitTimeout:
+            return flight.lookup(key, blocking=kind in BLOCKING_KINDS)
+        except OSError as exc:
+            log.warning("compile_once: node-local lookup of %s failed (%s); asking the store", key, exc)
+            return flight.lookup(key, blocking=kind in BLOCKING_KINDS)
+
     def _key(self, kind: str, inductor_key: str) -> str:
         digest = hashlib.sha256(inductor_key.encode()).hexdigest()[:40]
         return f"{self._prefix}/{kind}/{digest}"
@@ -138,7 +169,7 @@ class Session:
         if flight is None:
             return None
         key = self._key(kind, inductor_key)
-        result = flight.lookup(key, blocking=kind in BLOCKING_KINDS)
+        result = self._lookup(flight, kind, key)
         if result.waited_s:
             self.stats.record_wait(result.waited_s)
         if result.outcome == "unavailable":
@@ -193,6 +224,10 @@ class Session:
             self.kernel_files.update(files)
             self.graph_compile_time_s += meta["time_taken_ms"] / 1000.0
         blob = seal(key, data, meta=meta, files=files, secret=self.config.secret)
+        try:
+            self._node.write(key, blob)  # local ranks read it from disk, not the store
+        except OSError as exc:
+            log.debug("could not keep %s on this node: %s", key, exc)
         if flight.publish(key, blob):
             self.stats.record_publish(kind, len(blob))
         else:

@@ -34,6 +34,7 @@ class Stats:
         self.compile_time_saved_s = 0.0
         self.timeout_extension_s = 0.0
         self.store_failed = False
+        self.store_fetches = 0
         self.store = "none"
 
     def record_hit(self, kind: str, nbytes: int, saved_s: float, extension_s: float, kernels: int) -> None:
@@ -53,6 +54,10 @@ class Stats:
         with self._lock:
             self.kinds[kind].published += 1
             self.bytes_published += nbytes
+
+    def record_store_fetch(self) -> None:
+        with self._lock:
+            self.store_fetches += 1
 
     def record_wait(self, seconds: float) -> None:
         with self._lock:
@@ -74,6 +79,7 @@ class Stats:
                 "timeout_extension_s": round(self.timeout_extension_s, 3),
                 "rejected": sum(c.rejected for c in self.kinds.values()),
                 "store_failed": self.store_failed,
+                "store_fetches": self.store_fetches,
                 "by_cache": {kind: dataclasses.asdict(c) for kind, c in sorted(self.kinds.items())},
             }
 

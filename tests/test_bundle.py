@@ -136,3 +136,20 @@ def test_cli_save_inspect_ls_load_rm(tmp_path, capsys, monkeypatch):
     bad = tmp_path / "bad.bundle"
     bad.write_bytes(blob[:-10])
     assert main(["bundle", "save", url, str(bad)]) == 1
+
+
+def test_redis_ttl_and_size_policy(redis_server):
+    import redis
+
+    from coordinator import ConfigError
+
+    blob, _ = synthetic(size=5000)
+    with pytest.raises(ConfigError, match="over the 1000-byte limit"):
+        coordinator.save_bundle(redis_server.url, name="capped", blob=blob, max_bytes=1000)
+    from datetime import timedelta
+
+    coordinator.save_bundle(redis_server.url, name="expiring", blob=blob, ttl=timedelta(seconds=60))
+    raw = redis.Redis.from_url(redis_server.url)
+    ttl_ms = raw.pttl("coordinator/" + bundle_key("expiring"))
+    assert 0 < ttl_ms <= 60_000
+    assert raw.exists("coordinator/" + bundle_key("capped")) == 0

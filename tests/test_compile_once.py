@@ -122,3 +122,15 @@ def test_dead_store_falls_back_to_local_compiles(job, redis_server):
         assert r.fx_misses == UNIQUE_GRAPHS
         assert r.report["stats"]["store_failed"] is True
         assert "compiling locally from now on" in r.log
+
+
+def test_local_ranks_sharing_a_cache_dir_fetch_once_per_node(job, tmp_path):
+    # 4 ranks of one "node": one Inductor cache dir. One compiles each graph; of the
+    # others, one per graph reads it from the store and the rest from the node's copy.
+    results = job(4, {}, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "node-local")})
+    require_success(results)
+    compiled = sum(r.report["stats"]["graphs_compiled"] for r in results)
+    assert compiled == UNIQUE_GRAPHS
+    assert sum(r.report["stats"]["store_fetches"] for r in results) <= UNIQUE_GRAPHS
+    for r in results:
+        torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)

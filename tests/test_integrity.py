@@ -73,20 +73,26 @@ def _session(url: str, secret: str | None = None) -> Session:
     return Session(Config(store=url, secret=secret))
 
 
-@pytest.mark.parametrize("attack", ["tampered", "truncated", "wrong-secret", "unsigned"])
-def test_session_treats_bad_values_as_misses(tmp_path, caplog, attack):
-    url = f"file://{tmp_path}"
+@pytest.mark.parametrize("attack", ["tampered", "truncated", "wrong-secret", "unsigned", "tampered-node-copy"])
+def test_session_treats_bad_values_as_misses(tmp_path, caplog, monkeypatch, attack):
+    url = f"file://{tmp_path / 'store'}"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "writer-node"))
     writer = _session(url, secret=None if attack == "unsigned" else "team-secret")
-    reader = _session(url, secret="other-secret" if attack == "wrong-secret" else "team-secret")
     payload = pickle.dumps(Exploding())
     writer.put("fx_graph", "pt2:fx-graph-v1::key:c1", payload)
     store = writer.flight().store
     key = writer._key("fx_graph", "pt2:fx-graph-v1::key:c1")
     blob = store.get(f"v/{key}")
+    flipped = blob[:-1] + bytes([blob[-1] ^ 1])
     if attack == "tampered":
-        store.set(f"v/{key}", blob.replace(b"coordinator", b"coordinatoR", 1)[:-1] + bytes([blob[-1] ^ 1]))
+        store.set(f"v/{key}", flipped)
     elif attack == "truncated":
         store.set(f"v/{key}", blob[:-100])
+    if attack == "tampered-node-copy":
+        writer._node.write(key, flipped)  # the reader shares the writer's node
+    else:
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "reader-node"))
+    reader = _session(url, secret="other-secret" if attack == "wrong-secret" else "team-secret")
     with caplog.at_level(logging.WARNING, logger="coordinator"):
         assert reader.get("fx_graph", "pt2:fx-graph-v1::key:c1") is None
     assert "rejected fx_graph entry" in caplog.text

@@ -157,3 +157,31 @@ def test_store_failure_means_compile_locally(redis_server):
     assert f.publish("k", b"v") is False
     assert f.lookup("k2", blocking=True).outcome == "unavailable"
     assert not f.available
+
+
+def test_node_lock_is_exclusive_and_bounded(tmp_path):
+    from coordinator.errors import WaitTimeout
+    from coordinator.node import NodeCache
+
+    a, b = NodeCache(str(tmp_path)), NodeCache(str(tmp_path))
+    got = []
+
+    def hold():
+        with a.lock("k", 5):
+            got.append("a")
+            time.sleep(0.5)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    time.sleep(0.1)
+    start = time.monotonic()
+    with pytest.raises(WaitTimeout):
+        with b.lock("k", 0):  # a claim holder only tries
+            pass
+    assert time.monotonic() - start < 0.2
+    with b.lock("k", 5):  # others wait until it is free
+        got.append("b")
+    t.join()
+    assert got == ["a", "b"]
+    a.write("k", b"v")
+    assert b.read("k") == b"v" and b.read("other") is None
