@@ -11,7 +11,8 @@ compiles (usually the whole training loop)::
 A launcher can switch the same thing on with no code change: with
 ``COORDINATOR_ENABLE=1`` in the environment, :func:`enable_from_env` (called from the
 ``sitecustomize`` in ``launch/``) enters ``compile_once`` for the life of the process
-and logs the summary at exit.
+and logs the summary at exit; with ``COORDINATOR_SAVE_BUNDLE=URL`` rank 0 also saves the
+job's bundle there at exit.
 """
 
 from __future__ import annotations
@@ -113,4 +114,17 @@ def enable_from_env() -> bool:
     context = compile_once()
     context.__enter__()
     atexit.register(context.__exit__, None, None, None)
+    save_url = os.environ.get("COORDINATOR_SAVE_BUNDLE")
+    if save_url and os.environ.get("RANK", "0") == "0":
+        # Registered after the exit above, so it runs first (atexit is last-in, first-out).
+        atexit.register(_save_bundle_at_exit, save_url, os.environ.get("COORDINATOR_BUNDLE_NAME", "default"))
     return True
+
+
+def _save_bundle_at_exit(url: str, name: str) -> None:
+    from coordinator.bundle import save_bundle
+
+    try:
+        save_bundle(url, name=name)
+    except Exception as exc:  # the job is done; never turn that into a failure
+        log.warning("compile_once: could not save the job's bundle to %s: %s", url, exc)

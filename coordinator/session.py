@@ -217,7 +217,8 @@ class Session:
             "host": flight.owner.host,
         }
         files: dict[str, bytes] = {}
-        since = flight.claim_started(key) or self._miss_times.pop(key, None)
+        missed_at = self._miss_times.pop(key, None)
+        since = flight.claim_started(key) or missed_at
         if kind == "fx_graph" and self.config.ship_cpu_kernels and since is not None:
             files = collect_kernels(_compat.inductor_cache_dir(), since)
         if kind == "fx_graph":

@@ -78,7 +78,7 @@ def test_enable_from_env(tmp_path):
 def test_sitecustomize_enables_without_code_change(tmp_path):
     from pathlib import Path
 
-    hook = Path(__file__).resolve().parent.parent / "launch" / "sitecustomize"
+    hook = Path(coordinator.__file__).resolve().parent / "_site"
     code = "import torch._inductor.remote_cache as rc; print(rc.RemoteFxGraphCache.backend_override_cls.__name__)"
     env = {"COORDINATOR_ENABLE": "1", "COORDINATOR_STORE": f"file://{tmp_path}", "PYTHONPATH": str(hook),
            "PATH": "/usr/bin:/bin"}

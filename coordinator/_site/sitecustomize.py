@@ -1,6 +1,6 @@
 """Turn compile_once on in a Python process from environment variables alone.
 
-Put this directory first on the workers' ``PYTHONPATH`` and set
+``coordinator-run`` puts this directory first on the workers' ``PYTHONPATH`` and sets
 ``COORDINATOR_ENABLE=1`` (plus any ``COORDINATOR_*`` settings): every worker then
 runs under ``coordinator.compile_once()`` for its whole life, with no change to the
 training script. The store is opened at the first compile, after the script has

@@ -1,0 +1,138 @@
+"""``coordinator-run``: torchrun with compile-once switched on, no code change needed.
+
+    coordinator-run [--coordinator-store URL] [--coordinator-restore URL]
+                    [--coordinator-save-bundle URL] [--coordinator-bundle-name NAME]
+                    [--coordinator-secret S] [--coordinator-namespace NS]
+                    <every torchrun flag> script.py [args]
+
+Its own options all start with ``--coordinator-`` (or come from the ``COORDINATOR_*``
+environment variables), so they never collide with torchrun's; everything else is
+handed unchanged to ``torch.distributed.run.main``, in this process, so flags, exit
+codes and signal handling are torchrun's own. Before the workers start it:
+
+* puts ``coordinator/_site`` first on the workers' ``PYTHONPATH`` and sets
+  ``COORDINATOR_ENABLE=1``: every worker runs under ``compile_once()``;
+* turns on torchrun's virtual local rank (``PET_VIRTUAL_LOCAL_RANK=1``): each worker
+  sees its GPU as ``cuda:0``, so Inductor's keys match across ranks;
+* sets a node-local ``TORCHINDUCTOR_CACHE_DIR`` if none is set, shared by the node's
+  workers (node-level single fetch);
+* with ``--coordinator-restore URL``, installs the persisted bundle once for the node
+  (a store it cannot reach is logged, never fatal);
+* with ``--coordinator-save-bundle URL``, has rank 0 save the job's bundle at exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import getpass
+import io
+import logging
+import os
+import sys
+import tempfile
+
+log = logging.getLogger(__name__)
+
+#: Our options: flag -> environment variable the workers (or we) read.
+OPTIONS = {
+    "--coordinator-store": "COORDINATOR_STORE",
+    "--coordinator-secret": "COORDINATOR_SECRET",
+    "--coordinator-restore": "COORDINATOR_RESTORE_BUNDLE",
+    "--coordinator-save-bundle": "COORDINATOR_SAVE_BUNDLE",
+    "--coordinator-bundle-name": "COORDINATOR_BUNDLE_NAME",
+    "--coordinator-namespace": "COORDINATOR_NAMESPACE",
+}
+
+
+def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Separate ``--coordinator-*`` options (before the training script) from torchrun's.
+
+    Returns:
+        (environment settings, torchrun's argv unchanged apart from our options)
+    """
+    ours: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in OPTIONS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise SystemExit(f"coordinator-run: {name} needs a value")
+                value = argv[i + 1]
+                i += 1
+            ours[OPTIONS[name]] = value
+        elif arg.startswith("--coordinator-"):
+            raise SystemExit(f"coordinator-run: unknown option {name}; known: {', '.join(OPTIONS)}")
+        else:
+            rest.append(arg)
+            # Everything after the training script belongs to the script.
+            if not arg.startswith("-") and _is_script(rest):
+                rest.extend(argv[i + 1 :])
+                break
+        i += 1
+    return ours, rest
+
+
+@functools.lru_cache(maxsize=1)
+def _torchrun_parser():
+    from torch.distributed.run import get_args_parser
+
+    return get_args_parser()
+
+
+def _is_script(args: list[str]) -> bool:
+    """Whether the last of ``args`` is torchrun's positional training script."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            parsed, _ = _torchrun_parser().parse_known_args(args)
+    except SystemExit:
+        return False
+    return parsed.training_script == args[-1]
+
+
+def worker_environment(settings: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
+    """The environment variables to set for the workers."""
+    site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
+    pythonpath = environ.get("PYTHONPATH", "")
+    env = dict(settings)
+    env["COORDINATOR_ENABLE"] = "1"
+    env["PYTHONPATH"] = site + (os.pathsep + pythonpath if pythonpath else "")
+    env["PET_VIRTUAL_LOCAL_RANK"] = environ.get("PET_VIRTUAL_LOCAL_RANK", "1")
+    if not environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = str(os.getuid())
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+    return env
+
+
+def restore(url: str, name: str) -> None:
+    """Install the persisted bundle for this node; never fails the job."""
+    try:
+        from coordinator.bundle import load_bundle
+
+        result = load_bundle(url, name=name)
+        log.warning("coordinator-run: bundle %r from %s: %s", name, url, result)
+    except FileNotFoundError as exc:
+        log.warning("coordinator-run: no bundle to restore yet (%s)", exc)
+    except Exception as exc:  # an unreachable store or a refused bundle: compile as usual
+        log.warning("coordinator-run: could not restore bundle %r from %s: %s", name, url, exc)
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    settings, torchrun_args = split_args(sys.argv[1:] if argv is None else argv)
+    os.environ.update(worker_environment(settings, dict(os.environ)))
+    if os.environ.get("COORDINATOR_RESTORE_BUNDLE"):
+        restore(os.environ["COORDINATOR_RESTORE_BUNDLE"], os.environ.get("COORDINATOR_BUNDLE_NAME", "default"))
+    from torch.distributed.run import main as torchrun_main
+
+    torchrun_main(torchrun_args)
+
+
+if __name__ == "__main__":
+    main()

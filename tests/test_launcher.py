@@ -1,0 +1,89 @@
+"""coordinator-run: a torchrun drop-in that switches compile_once on with no code change."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch.distributed.run import get_args_parser
+
+from coordinator.launcher import split_args, worker_environment
+
+PLAIN = str(Path(__file__).with_name("plain_script.py"))
+
+
+def every_torchrun_flag() -> list[str]:
+    """One use of every optional flag torchrun's parser knows, with a value it accepts."""
+    argv = []
+    for action in get_args_parser()._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        flag = action.option_strings[-1]  # the underscore spelling where there are two
+        if action.nargs == 0:
+            argv.append(flag)
+        elif action.choices:
+            argv += [flag, str(list(action.choices)[0])]
+        else:
+            argv += [flag, "1"]
+    return argv
+
+
+def test_every_torchrun_flag_passes_through():
+    flags = every_torchrun_flag()
+    assert len(flags) > 40
+    ours = ["--coordinator-store", "redis://h:1/0", "--coordinator-restore=file:///b"]
+    script = ["train.py", "--lr", "3", "--coordinator-store", "belongs-to-the-script"]
+    settings, rest = split_args(ours[:2] + flags + ours[2:] + script)
+    assert settings == {"COORDINATOR_STORE": "redis://h:1/0", "COORDINATOR_RESTORE_BUNDLE": "file:///b"}
+    assert rest == flags + script
+    parser = get_args_parser()
+    assert vars(parser.parse_args(rest)) == vars(parser.parse_args(flags + script))
+    assert parser.parse_args(rest).training_script_args == script[1:]
+
+
+def test_unknown_coordinator_option_is_an_error():
+    with pytest.raises(SystemExit, match="unknown option --coordinator-stor"):
+        split_args(["--coordinator-stor", "x", "train.py"])
+
+
+def test_worker_environment(tmp_path):
+    env = worker_environment({"COORDINATOR_STORE": "file:///s"}, {"PYTHONPATH": "/mine"})
+    assert env["COORDINATOR_ENABLE"] == "1" and env["COORDINATOR_STORE"] == "file:///s"
+    assert env["PYTHONPATH"].endswith(os.pathsep + "/mine") and env["PYTHONPATH"].split(os.pathsep)[0].endswith("_site")
+    assert env["PET_VIRTUAL_LOCAL_RANK"] == "1"
+    assert "TORCHINDUCTOR_CACHE_DIR" in env
+    assert "TORCHINDUCTOR_CACHE_DIR" not in worker_environment({}, {"TORCHINDUCTOR_CACHE_DIR": "/x"})
+
+
+def run(launcher: list[str], args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ, TMPDIR=str(tmp_path), TORCHINDUCTOR_COMPILE_THREADS="1", **(env or {}))
+    return subprocess.run([sys.executable, "-m", *launcher, *args], env=full_env, capture_output=True, text=True,
+                          timeout=240)
+
+
+def test_exit_code_matches_torchrun(tmp_path):
+    args = ["--standalone", "--nproc-per-node", "2", PLAIN, str(tmp_path), "--fail", "3"]
+    ours = run(["coordinator.launcher"], args, tmp_path)
+    theirs = run(["torch.distributed.run"], args, tmp_path)
+    assert ours.returncode == theirs.returncode != 0
+    assert "exitcode  : 3" in ours.stderr
+
+
+def test_script_without_coordinator_compiles_each_graph_once(tmp_path):
+    out = tmp_path / "reports"
+    out.mkdir()
+    store = f"file://{tmp_path / 'store'}"
+    result = run(["coordinator.launcher"], ["--coordinator-store", store, "--standalone", "--nproc-per-node", "3",
+                                            PLAIN, str(out)], tmp_path,
+                 env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "node-cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(3)]
+    assert all(r["backend"] == "CoordinatorFxGraphBackend" for r in reports)
+    assert all(r["local_rank"] == "0" for r in reports)  # virtual local rank
+    misses = sum(r["inductor"].get("fxgraph_cache_miss", 0) for r in reports)
+    assert misses == 2, [r["inductor"] for r in reports]
