@@ -82,9 +82,10 @@ def test_claim_holder_does_not_wait(store):
 
 
 def test_heartbeat_keeps_a_long_claim(store):
-    leader, follower = flight(store, 0, lease=0.5), flight(store, 1, lease=0.5)
+    # Leases long enough that a loaded 2-core CI machine cannot starve the heartbeat thread.
+    leader, follower = flight(store, 0, lease=1.0), flight(store, 1, lease=1.0)
     leader.lookup("k", blocking=True)
-    threading.Timer(2.5, leader.publish, args=("k", b"v")).start()  # 5 leases
+    threading.Timer(4.0, leader.publish, args=("k", b"v")).start()  # 4 leases
     r = follower.lookup("k", blocking=True)
     assert (r.value, r.outcome) == (b"v", "waited")
 
