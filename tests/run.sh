@@ -20,4 +20,4 @@ if ! command -v redis-server >/dev/null && ! command -v valkey-server >/dev/null
   fi
 fi
 
-exec "$PY" -m pytest -n "${TEST_WORKERS:-2}" -q "$@" tests
+exec "$PY" -m pytest -n "${TEST_WORKERS:-2}" --dist worksteal -q "$@" tests
