@@ -13,6 +13,11 @@ torch      where        notes
 2.13.0     CPU (x86)    dev and CI machines; full test suite
 2.11.0     H200, CUDA   device machine; see benchmarks/RESULTS.md
 =========  ===========  =================================================
+
+Added 2026-11-22 and checked on 2.13.0 (CPU) only, not yet on a GPU: keeping compile
+workers off Redis through ``TORCHINDUCTOR_REDIS_URL`` (Inductor's ``create_cache`` swallows
+the backend's construction error), and ``config.coordinate_descent_tuning`` with the
+``"found_by_coordesc"`` field of ``AutotuneCache.save``'s JSON.
 """
 
 from __future__ import annotations
@@ -97,11 +102,42 @@ def routed_remote_caches(backends: dict[str, type]) -> Iterator[None]:
         inductor_config = _import("torch._inductor.config")
         set_attr(inductor_config, "bundle_triton_into_fx_graph_cache", True)
         _clear_cached_remote_caches()
-        yield
+        with compile_workers_without_redis() if TRITON_ONLY_KINDS & set(backends) else contextlib.nullcontext():
+            yield
     finally:
         for obj, name, value in reversed(saved):
             setattr(obj, name, value)
         _clear_cached_remote_caches()
+
+
+#: Inductor's Redis URL as compile workers see it while we route autotune caches.
+NO_REDIS_URL = "coordinator-no-remote-cache-in-compile-workers://"
+_REDIS_VARIABLES = ("TORCHINDUCTOR_REDIS_URL", "TORCHINDUCTOR_REDIS_HOST", "TORCHINDUCTOR_REDIS_PORT")
+
+
+@contextlib.contextmanager
+def compile_workers_without_redis() -> Iterator[None]:
+    """Keep Inductor's compile workers off Redis while autotune caches are routed.
+
+    Routing switches ``autotune_remote_cache`` on, and Inductor bakes that switch into
+    every Triton kernel's ``inductor_meta``. Its compile workers (subprocesses, started
+    with this process's environment) build their own autotune caches from it, without
+    our ``backend_override_cls``, so they fall back to Inductor's Redis backend. With
+    redis-py installed and no server on localhost:6379, each lookup then spends about
+    4 s in redis-py's connection retries. An invalid ``TORCHINDUCTOR_REDIS_URL`` makes
+    that backend fail at once, at construction (``create_cache`` logs it to the worker's
+    log file and goes on without a remote cache). Left alone when the user configured
+    Inductor's Redis, and only for workers started while this is active.
+    """
+    if any(name in os.environ for name in _REDIS_VARIABLES):
+        yield
+        return
+    os.environ["TORCHINDUCTOR_REDIS_URL"] = NO_REDIS_URL
+    try:
+        yield
+    finally:
+        if os.environ.get("TORCHINDUCTOR_REDIS_URL") == NO_REDIS_URL:
+            del os.environ["TORCHINDUCTOR_REDIS_URL"]
 
 
 def _clear_cached_remote_caches() -> None:
@@ -174,6 +210,37 @@ def extend_nccl_timeouts(seconds: float) -> float:
 
     dist.distributed_c10d._add_ephemeral_timeout_for_all_pgs(timedelta(seconds=whole))
     return float(whole)
+
+
+def coordinate_descent_enabled() -> bool:
+    """Whether Inductor runs coordinate descent after autotuning Triton kernels."""
+    from torch._inductor import config
+
+    return bool(config.coordinate_descent_tuning)
+
+
+def count_triton_compiles() -> Callable[[], int]:
+    """Start counting cubins that Triton compiles put into its cache (not the ones an FX
+    hit emits straight to disk); returns a function giving the count so far. For the GPU
+    tests and benchmarks."""
+    from triton.runtime.cache import FileCacheManager
+
+    original = FileCacheManager.put
+    count = [0]
+
+    def put(self: Any, data: Any, filename: str, binary: bool = True) -> Any:
+        count[0] += filename.endswith(".cubin")
+        return original(self, data, filename, binary)
+
+    FileCacheManager.put = put
+    return lambda: count[0]
+
+
+def default_cache_dir(user: str) -> str:
+    """Inductor's cache dir for ``user`` when ``TORCHINDUCTOR_CACHE_DIR`` is unset."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
 
 
 def inductor_cache_dir() -> str:

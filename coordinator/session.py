@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 BLOCKING_KINDS = frozenset({"fx_graph", "autotune", "bundled_autotune"})
 
 _TIME_TAKEN = re.compile(rb'"time_taken_ms":\s*(\d+)')
+#: In an autotune entry saved before coordinate descent ran (Inductor's AutotuneCache.save).
+_PRE_COORDESC = b'"found_by_coordesc": false'
 
 
 def _current_rank() -> int:
@@ -210,6 +212,12 @@ class Session:
         if flight is None:
             return
         key = self._key(kind, inductor_key)
+        if kind == "autotune" and _PRE_COORDESC in data and _compat.coordinate_descent_enabled():
+            # Triton saves twice: after the config search, then after coordinate descent
+            # refines it. Publishing the first would send waiters off to run coordinate
+            # descent themselves; the claim stays for the second (or its grace ends).
+            log.debug("compile_once: holding %s until coordinate descent saves", key)
+            return
         match = _TIME_TAKEN.search(data[-256:])
         meta = {
             "time_taken_ms": int(match.group(1)) if match else 0,
@@ -235,9 +243,15 @@ class Session:
             self.stats.store_failed = True
 
     def compile_ended(self) -> None:
-        """An outermost compile finished: release claims it did not publish."""
+        """An outermost compile finished: release claims it did not publish.
+
+        Autotune claims stay for ``config.autotune_grace``: Triton saves a kernel's best
+        config when the kernel first runs, right after the compile, and the ranks
+        waiting for it then get it instead of benchmarking themselves.
+        """
         if self._flight is not None:
-            released = self._flight.abandon_all()
+            grace = self.config.autotune_grace.total_seconds()
+            released = self._flight.abandon_all(keep=lambda key: "/autotune/" in key, grace=grace)
             if released:
                 log.debug("compile_once: released %d unpublished claims", released)
 

@@ -26,7 +26,11 @@ synchronization between hosts is needed.
 Two rules keep waits deadlock-free. Non-blocking keys (whose computation can depend
 on the forward pass, e.g. AOTAutograd entries) are only read, never waited on. And a
 rank that holds an unpublished claim never waits for another key, so no cycle of
-waiting ranks can form. Any store failure disables the store for this process and
+waiting ranks can form. One exception is bounded: a claim whose value comes only
+after its compile ended (a Triton kernel's autotune result, saved when the kernel
+first runs) may be kept for a grace period (:meth:`Singleflight.abandon_all`), during
+which its holder may wait for other keys; a cycle through it ends when the grace
+does. Any store failure disables the store for this process and
 every later lookup returns ``None``: losing the coordinator costs compile time,
 never the job.
 """
@@ -39,6 +43,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import msgpack
@@ -75,6 +80,7 @@ class _Claim:
     gen: int
     since: float  # wall clock, for finding the files a compile produced
     beats: int = 0
+    abandon_at: float | None = None  # monotonic; set when the compile ended unpublished
 
 
 @dataclasses.dataclass(slots=True)
@@ -127,8 +133,10 @@ class Singleflight:
         return claim.since if claim else None
 
     def holds_claims(self) -> bool:
+        """Whether a compile of this process holds claims (those kept past their compile
+        by :meth:`abandon_all`'s ``keep`` do not count: they end on their own)."""
         with self._lock:
-            return bool(self._claims)
+            return any(claim.abandon_at is None for claim in self._claims.values())
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -256,13 +264,29 @@ class Singleflight:
         except StoreError as exc:
             self._fail(exc)
 
-    def abandon_all(self) -> int:
-        """Abandon every claim still held (a compile ended without publishing them)."""
+    def abandon_all(self, keep: Callable[[str], bool] | None = None, grace: float = 0.0) -> int:
+        """Abandon every claim still held (a compile ended without publishing them).
+
+        Claims for which ``keep(key)`` is true stay up to ``grace`` more seconds, still
+        heartbeating: their value comes after the compile (a Triton kernel's autotune
+        result, saved at its first launch). The heartbeat thread abandons them then.
+
+        Returns:
+            How many claims were abandoned now.
+        """
         with self._lock:
             keys = list(self._claims)
+            kept = [key for key in keys if keep is not None and grace > 0 and keep(key)]
+            for key in kept:
+                claim = self._claims[key]
+                if claim.abandon_at is None:
+                    claim.abandon_at = time.monotonic() + grace
         for key in keys:
-            self.abandon(key)
-        return len(keys)
+            if key not in kept:
+                self.abandon(key)
+        if kept:
+            self._ensure_heartbeat()
+        return len(keys) - len(kept)
 
     def _drop_claim(self, key: str, *, delete: bool) -> None:
         with self._lock:
@@ -287,15 +311,24 @@ class Singleflight:
 
     def _beat_forever(self) -> None:
         interval = self.lease / 4
-        while not self._stop.wait(interval):
+        next_beat = time.monotonic() + interval
+        while not self._stop.wait(min(interval, 0.5)):  # kept claims end on time
+            now = time.monotonic()
+            beat = now >= next_beat
+            if beat:
+                next_beat = now + interval
             with self._lock:
                 claims = list(self._claims.items())
             for key, claim in claims:
-                claim.beats += 1
-                try:
-                    self.store.set(f"h/{key}/{claim.gen}", msgpack.packb([claim.beats, time.time()]))
-                except StoreError as exc:
-                    log.debug("heartbeat for %s failed: %s", key, exc)
+                if claim.abandon_at is not None and now >= claim.abandon_at:
+                    log.debug("no value for %s within its grace after the compile; abandoning", key)
+                    self.abandon(key)
+                elif beat:
+                    claim.beats += 1
+                    try:
+                        self.store.set(f"h/{key}/{claim.gen}", msgpack.packb([claim.beats, time.time()]))
+                    except StoreError as exc:
+                        log.debug("heartbeat for %s failed: %s", key, exc)
 
     def close(self) -> None:
         """Abandon held claims and stop the heartbeat thread."""

@@ -87,3 +87,50 @@ def test_sitecustomize_enables_without_code_change(tmp_path):
     env["COORDINATOR_STORE"] = "nonsense"
     out = subprocess.run([sys.executable, "-c", "print('started')"], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "started" and "coordinator: not enabled: ConfigError" in out.stderr
+
+
+def test_compile_workers_stay_off_redis_while_autotune_is_routed():
+    """Compile workers build autotune caches without our backend; they must not try Redis.
+
+    A worker is a fresh Python process started with our environment. Without the guard,
+    Inductor's default Redis backend spends seconds in redis-py's retries against a port
+    with no server (the cost measured on GPU leaders); with it, it fails at once.
+    """
+    import os
+    import socket
+    import time
+
+    from coordinator import _compat
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    probe = ("import time; from torch._inductor.remote_cache import create_cache; t = time.monotonic(); "
+             "c = create_cache('k', False, None, 'RemoteAutotuneCache'); v = c.get('x') if c else None; "
+             "print(c is None, round(time.monotonic() - t, 2))")
+
+    def worker(env: dict) -> tuple[str, float]:
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+        created, seconds = out.stdout.split()
+        return created, float(seconds)
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_REDIS")}
+    created, unguarded_s = worker(dict(base, TORCHINDUCTOR_REDIS_PORT=str(closed_port)))
+    assert created == "False" and unguarded_s > 1.0  # redis-py retrying a dead server
+
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(base)
+        started = time.monotonic()
+        with _compat.compile_workers_without_redis():
+            assert os.environ["TORCHINDUCTOR_REDIS_URL"] == _compat.NO_REDIS_URL
+            created, guarded_s = worker(dict(os.environ))
+        assert "TORCHINDUCTOR_REDIS_URL" not in os.environ  # restored
+        os.environ["TORCHINDUCTOR_REDIS_HOST"] = "my-redis"  # the user's own Redis: left alone
+        with _compat.compile_workers_without_redis():
+            assert "TORCHINDUCTOR_REDIS_URL" not in os.environ
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert created == "True" and guarded_s < 0.5, (created, guarded_s, time.monotonic() - started)

@@ -57,6 +57,33 @@ def test_abandoned_claim_releases_waiters(store):
     leader.close()
 
 
+def test_kept_claim_is_published_after_its_compile(store):
+    """An autotune claim outlives its compile: a waiter gets the value saved at first launch."""
+    leader, follower = flight(store, 0), flight(store, 1)
+    leader.lookup("g/autotune/k", blocking=True)
+    leader.lookup("g/fx_graph/x", blocking=True)
+    assert leader.abandon_all(keep=lambda key: "/autotune/" in key, grace=30.0) == 1  # fx_graph/x now
+    assert not leader.holds_claims()  # a kept claim does not stop its holder from waiting
+    threading.Timer(0.5, leader.publish, ("g/autotune/k", b"best")).start()
+    r = follower.lookup("g/autotune/k", blocking=True)
+    assert (r.value, r.outcome) == (b"best", "waited") and r.waited_s >= 0.4
+    assert follower.lookup("g/fx_graph/x", blocking=True).outcome == "abandoned"  # released at once
+    leader.close()
+    follower.close()
+
+
+def test_kept_claim_ends_with_its_grace(store):
+    """A kernel that never runs never saves: its waiters stop waiting when the grace ends."""
+    leader, follower = flight(store, 0, lease=30.0), flight(store, 1, lease=30.0)
+    leader.lookup("g/autotune/k", blocking=True)
+    leader.abandon_all(keep=lambda key: True, grace=1.0)
+    started = time.monotonic()
+    r = follower.lookup("g/autotune/k", blocking=True)
+    assert (r.value, r.outcome) == (None, "abandoned")
+    assert 0.5 < time.monotonic() - started < 5.0  # the grace, not the 30 s lease
+    leader.close()
+
+
 def test_nonblocking_lookup_never_waits_or_claims(store):
     leader = flight(store, 0)
     leader.lookup("k", blocking=True)
