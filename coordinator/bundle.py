@@ -340,6 +340,38 @@ def fetch_bundle(url: str, *, name: str = "default", secret: str | bytes | None 
     return read_bundle(blob, secret=_secret(secret))
 
 
+def copy_bundles(src_url: str, dst_url: str, *, secret: str | bytes | None = None, move: bool = True) -> list[str]:
+    """Publish every bundle of store ``src_url`` to ``dst_url`` under the same key.
+
+    Each is verified first (checksums, signature, and that its environment is the one
+    its key names); one that fails is left out with a warning. With ``move`` the
+    source copy is deleted once published.
+
+    Returns:
+        The keys published.
+    """
+    from coordinator.stores import open_store
+
+    src, dst = open_store(src_url), open_store(dst_url)
+    published = []
+    for key in src.list_keys("bundles/"):
+        blob = src.get(key)
+        if blob is None:
+            continue
+        try:
+            bundle = read_bundle(blob, secret=_secret(secret), check_environment=False)
+            if key.split("/")[1] != fingerprint(bundle.header["environment"]):
+                raise EnvironmentMismatch(f"its environment is not the one its key {key} names")
+        except IntegrityError as exc:
+            log.warning("not publishing %s from %s: %s", key, src.name, exc)
+            continue
+        dst.set(key, blob)
+        published.append(key)
+        if move:
+            src.delete(key)
+    return published
+
+
 def load_bundle(url: str, *, name: str = "default", secret: str | bytes | None = None) -> dict:
     """Fetch, verify and install bundle ``name``, once per node.
 

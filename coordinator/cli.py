@@ -5,12 +5,16 @@
     coordinator bundle inspect URL|FILE [--name NAME]
     coordinator bundle ls URL
     coordinator bundle rm URL NAME
+    coordinator bundle copy SRC_URL DST_URL [--keep]
+    coordinator slurm prolog|epilog
 
 ``URL`` is a ``redis://``/``rediss://`` or ``file://`` store. ``load`` fetches,
 verifies and installs into this machine's Inductor cache dir (once per node), or with
 ``--out`` only downloads the verified bytes. The secret comes from
-``COORDINATOR_SECRET``. Exit status: 0 on success, 1 on a refused or missing bundle,
-2 on bad usage.
+``COORDINATOR_SECRET``. ``copy`` publishes every verified bundle of one store to another.
+Exit status: 0 on success, 1 on a refused or missing bundle, 2 on bad usage.
+``slurm prolog|epilog`` are SLURM's node hooks (see ``coordinator.slurm``); they always
+exit 0.
 """
 
 from __future__ import annotations
@@ -73,6 +77,9 @@ def _bundle_command(args: argparse.Namespace) -> int:
 
         open_store(args.url).delete(bundles.bundle_key(args.name))
         print(f"removed {bundles.bundle_key(args.name)}")
+    elif args.action == "copy":
+        for key in bundles.copy_bundles(args.src, args.dst, move=not args.keep):
+            print(f"published {key}")
     return 0
 
 
@@ -99,11 +106,24 @@ def build_parser() -> argparse.ArgumentParser:
     rm = actions.add_parser("rm", help="remove a bundle")
     rm.add_argument("url")
     rm.add_argument("name")
+    copy = actions.add_parser("copy", help="publish every verified bundle of one store to another (and remove it there)")
+    copy.add_argument("src")
+    copy.add_argument("dst")
+    copy.add_argument("--keep", action="store_true", help="leave the source copies")
+    slurm = commands.add_parser("slurm", help="SLURM node hooks: restore before a job, push and clean after")
+    slurm.add_argument("hook", choices=["prolog", "epilog"])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "slurm":
+        import logging
+
+        from coordinator import slurm
+
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+        return slurm.prolog() if args.hook == "prolog" else slurm.epilog()
     try:
         return _bundle_command(args)
     except (CoordinatorError, FileNotFoundError, OSError) as exc:

@@ -30,7 +30,8 @@ import io
 import logging
 import os
 import sys
-import tempfile
+
+from coordinator import _compat
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def worker_environment(settings: dict[str, str], environ: dict[str, str]) -> dic
             user = getpass.getuser()
         except (KeyError, OSError):
             user = str(os.getuid())
-        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+        env["TORCHINDUCTOR_CACHE_DIR"] = _compat.default_cache_dir(user)
     return env
 
 

@@ -20,4 +20,9 @@ if ! command -v redis-server >/dev/null && ! command -v valkey-server >/dev/null
   fi
 fi
 
+# A real single-node SLURM (munged, slurmctld, slurmd) for the prolog/epilog tests.
+if ! command -v slurmd >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq slurm-wlm munge >/dev/null
+fi
+
 exec "$PY" -m pytest -n "${TEST_WORKERS:-2}" --dist worksteal -q "$@" tests

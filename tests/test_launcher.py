@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +88,33 @@ def test_script_without_coordinator_compiles_each_graph_once(tmp_path):
     assert all(r["local_rank"] == "0" for r in reports)  # virtual local rank
     misses = sum(r["inductor"].get("fxgraph_cache_miss", 0) for r in reports)
     assert misses == 2, [r["inductor"] for r in reports]
+
+
+def test_save_bundle_at_exit_then_restore_once_per_node(tmp_path):
+    """Job 1 saves its bundle at exit; job 2, on an empty node cache dir, restores it and compiles nothing."""
+    bundles = f"file://{tmp_path / 'bundles'}"
+    for job, flag in (("cold", "--coordinator-save-bundle"), ("warm", "--coordinator-restore")):
+        out = tmp_path / job
+        out.mkdir()
+        result = run(["coordinator.launcher"], [flag, bundles, "--coordinator-bundle-name", "mlp", "--standalone",
+                                                "--nproc-per-node", "2", PLAIN, str(out)], tmp_path,
+                     env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"node-cache-{job}")})
+        assert result.returncode == 0, result.stderr[-3000:]
+        reports = [json.loads((out / f"rank{r}.json").read_text())["inductor"] for r in range(2)]
+        misses = sum(r.get("fxgraph_cache_miss", 0) for r in reports)
+        if job == "cold":
+            assert misses == 2 and list((tmp_path / "bundles").rglob("mlp")), reports
+        else:
+            assert misses == 0 and all(r["fxgraph_cache_hit"] == 2 for r in reports), reports
+            assert "coordinator-run: bundle 'mlp'" in result.stderr and "'fetched': True" in result.stderr
+
+
+def test_restore_from_an_unreachable_store_does_not_fail(tmp_path, caplog, monkeypatch):
+    from coordinator.launcher import restore
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once we leave: nothing listens
+    restore(f"redis://127.0.0.1:{port}/0", "mlp")
+    assert f"could not restore bundle 'mlp' from redis://127.0.0.1:{port}/0" in caplog.text

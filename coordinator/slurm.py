@@ -1,0 +1,277 @@
+"""SLURM prolog and epilog: warm each node's Inductor cache before a job's tasks start.
+
+slurmd runs the Prolog once per node of a job, as root, before the job's first step
+there, and the Epilog once per node when the allocation ends. ``launch/slurm/prolog.sh``
+and ``epilog.sh`` source the site settings beside them and call ``coordinator slurm
+prolog|epilog``, which:
+
+* reads the job's settings: the site file's ``COORDINATOR_*`` variables, then a config
+  file the job names in its comment (``--comment coordinator.config=/path``), then
+  ``coordinator.<key>=<value>`` items of the comment itself. SLURM hands prologs the
+  job's comment, not its environment. A secret comes only from a file: anyone can
+  read a job's comment;
+* drops to the job's user (uid, gid, no supplementary groups) for everything that
+  touches files or unpickles: the node's cache dir is created by the user, with the
+  user's permissions, and a path in a user's config cannot make root write or delete
+  anything;
+* Prolog: fetches, verifies and installs the persisted bundle into the node-local
+  cache dir (by default ``/tmp/torchinductor_<user>``, Inductor's own default, so
+  tasks find it with no setting);
+* Epilog: publishes the bundles the job left in the node's outbox
+  (``<cache dir>/coordinator-outbox``, a ``file://`` store the job's rank 0 saves to
+  with ``COORDINATOR_SAVE_BUNDLE``) to the push store, verified first; then removes the
+  cache dir when ``COORDINATOR_SLURM_CLEAN=1``.
+
+Neither ever fails the job: a failing Prolog drains the node and requeues the job,
+so every error (an unreachable store, a refused bundle, a timeout) is logged and the
+exit status is 0. The job then compiles as usual.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+
+from coordinator import _compat
+
+log = logging.getLogger(__name__)
+
+#: Keys a job may set in its comment, and the variables they stand for. No secret:
+#: a job's comment is visible to every user of the cluster.
+COMMENT_KEYS = {
+    "restore": "COORDINATOR_RESTORE_BUNDLE",
+    "bundle": "COORDINATOR_BUNDLE_NAME",
+    "namespace": "COORDINATOR_NAMESPACE",
+    "push": "COORDINATOR_PUSH_BUNDLE",
+    "config": "COORDINATOR_JOB_CONFIG",
+}
+#: Variables a site file or a job's config file may set.
+FILE_KEYS = set(COMMENT_KEYS.values()) - {"COORDINATOR_JOB_CONFIG"} | {
+    "COORDINATOR_SECRET",
+    "COORDINATOR_NODE_CACHE_DIR",
+    "COORDINATOR_SLURM_CLEAN",
+    "COORDINATOR_SLURM_TIMEOUT",
+}
+OUTBOX = "coordinator-outbox"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSettings:
+    """What the prolog and epilog do for one job on one node."""
+
+    job_id: str
+    user: str
+    uid: int
+    gid: int
+    cache_dir: str
+    restore_url: str | None = None
+    push_url: str | None = None
+    bundle_name: str = "default"
+    namespace: str = ""
+    secret: str | None = None
+    clean: bool = False
+    timeout_s: float = 300.0
+
+    @property
+    def outbox_url(self) -> str:
+        return "file://" + os.path.join(self.cache_dir, OUTBOX)
+
+    def child_environment(self) -> dict[str, str]:
+        """The environment of the step run as the job's user."""
+        try:
+            home = pwd.getpwuid(self.uid).pw_dir
+        except KeyError:
+            home = "/"
+        env = {
+            "PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin",
+            "HOME": home,
+            "USER": self.user,
+            "LOGNAME": self.user,
+            "SLURM_JOB_ID": self.job_id,
+            "TORCHINDUCTOR_CACHE_DIR": self.cache_dir,
+            "COORDINATOR_BUNDLE_NAME": self.bundle_name,
+            "COORDINATOR_NAMESPACE": self.namespace,
+            "COORDINATOR_SLURM_AS_USER": "1",
+        }
+        if os.environ.get("PYTHONPATH"):  # where an operator installed coordinator off the default path
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        for name, value in (("COORDINATOR_RESTORE_BUNDLE", self.restore_url), ("COORDINATOR_PUSH_BUNDLE", self.push_url),
+                            ("COORDINATOR_SECRET", self.secret), ("COORDINATOR_NODE_CACHE_DIR", self.cache_dir),
+                            ("COORDINATOR_SLURM_CLEAN", "1" if self.clean else "0")):
+            if value:
+                env[name] = value
+        return env
+
+
+def parse_comment(comment: str) -> dict[str, str]:
+    """``coordinator.<key>=<value>`` items (separated by spaces or commas) of a job comment."""
+    found: dict[str, str] = {}
+    for item in comment.replace(",", " ").split():
+        name, eq, value = item.partition("=")
+        if not (eq and name.startswith("coordinator.")):
+            continue
+        key = name[len("coordinator."):]
+        if key not in COMMENT_KEYS:
+            log.warning("coordinator slurm: ignoring unknown comment key %r (known: %s)", key, ", ".join(COMMENT_KEYS))
+            continue
+        found[COMMENT_KEYS[key]] = value
+    return found
+
+
+def read_settings_file(path: str, *, owner_uid: int | None = None) -> dict[str, str]:
+    """``KEY=VALUE`` lines of ``path`` (``#`` comments, optional quotes), our keys only.
+
+    With ``owner_uid``, the file must belong to that user or root and be writable by
+    no one else; otherwise it is ignored with a warning.
+    """
+    try:
+        st = os.stat(path)
+        if owner_uid is not None and (st.st_uid not in (owner_uid, 0) or st.st_mode & 0o022):
+            log.warning("coordinator slurm: ignoring %s: not owned by the job's user, or writable by others", path)
+            return {}
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        log.warning("coordinator slurm: cannot read settings file %s: %s", path, exc)
+        return {}
+    found: dict[str, str] = {}
+    for line in lines:
+        line = line.strip()
+        if line.startswith("export "):
+            line = line[len("export "):].strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        name, _, value = line.partition("=")
+        name, value = name.strip(), value.strip().strip("'\"")
+        if name in FILE_KEYS:
+            found[name] = value
+    return found
+
+
+def job_settings(environ: dict[str, str]) -> JobSettings:
+    """Resolve one job's settings: site variables < job config file < job comment."""
+    uid = int(environ.get("SLURM_JOB_UID", os.getuid()))
+    try:
+        entry = pwd.getpwuid(uid)
+        user, default_gid = entry.pw_name, entry.pw_gid
+    except KeyError:
+        user, default_gid = environ.get("SLURM_JOB_USER", str(uid)), os.getgid()
+    gid = int(environ.get("SLURM_JOB_GID", default_gid))
+    job_id = environ.get("SLURM_JOB_ID", "")
+
+    merged = {name: value for name, value in environ.items() if name in FILE_KEYS and value}
+    comment = parse_comment(environ.get("SLURM_JOB_COMMENT", ""))
+    job_config = comment.pop("COORDINATOR_JOB_CONFIG", None)
+    if job_config:
+        merged.update(read_settings_file(job_config, owner_uid=uid))
+    merged.update(comment)
+
+    template = merged.get("COORDINATOR_NODE_CACHE_DIR")
+    cache_dir = template.format(user=user, uid=uid, job=job_id) if template else _compat.default_cache_dir(user)
+    try:
+        timeout_s = float(merged.get("COORDINATOR_SLURM_TIMEOUT", "300"))
+    except ValueError:
+        log.warning("coordinator slurm: COORDINATOR_SLURM_TIMEOUT=%r is not a number; using 300",
+                    merged["COORDINATOR_SLURM_TIMEOUT"])
+        timeout_s = 300.0
+    return JobSettings(
+        job_id=job_id, user=user, uid=uid, gid=gid, cache_dir=cache_dir,
+        restore_url=merged.get("COORDINATOR_RESTORE_BUNDLE") or None,
+        push_url=merged.get("COORDINATOR_PUSH_BUNDLE") or None,
+        bundle_name=merged.get("COORDINATOR_BUNDLE_NAME") or "default",
+        namespace=merged.get("COORDINATOR_NAMESPACE", ""),
+        secret=merged.get("COORDINATOR_SECRET") or None,
+        clean=merged.get("COORDINATOR_SLURM_CLEAN", "").lower() in ("1", "true", "yes", "on"),
+        timeout_s=timeout_s,
+    )
+
+
+def _run_as_job_user(hook: str, settings: JobSettings) -> None:
+    """Run ``coordinator slurm <hook>`` again as the job's user, bounded by the timeout."""
+    cmd = [sys.executable, "-m", "coordinator.cli", "slurm", hook]
+    drop = {"user": settings.uid, "group": settings.gid, "extra_groups": []} if os.getuid() == 0 else {}
+    start = time.monotonic()
+    try:
+        done = subprocess.run(cmd, env=settings.child_environment(), cwd="/", timeout=settings.timeout_s,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **drop)
+    except subprocess.TimeoutExpired:
+        log.warning("coordinator slurm %s: job %s: gave up after %.0fs; the job compiles as usual",
+                    hook, settings.job_id, settings.timeout_s)
+        return
+    for line in done.stdout.splitlines():
+        log.warning("coordinator slurm %s: %s", hook, line)
+    log.warning("coordinator slurm %s: job %s user %s: exit %d in %.1fs", hook, settings.job_id, settings.user,
+                done.returncode, time.monotonic() - start)
+
+
+def _as_job_user(environ: dict[str, str]) -> bool:
+    return environ.get("COORDINATOR_SLURM_AS_USER") == "1"
+
+
+def prolog(environ: dict[str, str] | None = None) -> int:
+    """The Prolog. Always returns 0."""
+    environ = dict(os.environ if environ is None else environ)
+    try:
+        settings = job_settings(environ)
+        if not settings.restore_url:
+            log.warning("coordinator slurm prolog: job %s: no COORDINATOR_RESTORE_BUNDLE; nothing to restore",
+                        settings.job_id)
+        elif _as_job_user(environ):
+            _restore(settings)
+        else:
+            _run_as_job_user("prolog", settings)
+    except Exception as exc:  # never fail a job: a failed prolog drains the node
+        log.warning("coordinator slurm prolog: %s: %s", type(exc).__name__, exc)
+    return 0
+
+
+def epilog(environ: dict[str, str] | None = None) -> int:
+    """The Epilog. Always returns 0."""
+    environ = dict(os.environ if environ is None else environ)
+    try:
+        settings = job_settings(environ)
+        if not (settings.push_url or settings.clean):
+            return 0
+        if _as_job_user(environ):
+            _push_and_clean(settings)
+        else:
+            _run_as_job_user("epilog", settings)
+    except Exception as exc:  # a failed epilog drains the node
+        log.warning("coordinator slurm epilog: %s: %s", type(exc).__name__, exc)
+    return 0
+
+
+def _restore(settings: JobSettings) -> None:
+    os.makedirs(settings.cache_dir, mode=0o700, exist_ok=True)
+    from coordinator.bundle import load_bundle
+
+    try:
+        result = load_bundle(settings.restore_url, name=settings.bundle_name, secret=settings.secret)
+    except FileNotFoundError as exc:
+        print(f"no bundle to restore yet: {exc}")
+        return
+    except Exception as exc:  # unreachable store, refused bundle: the job compiles as usual
+        print(f"could not restore bundle {settings.bundle_name!r} from {settings.restore_url}: "
+              f"{type(exc).__name__}: {exc}")
+        return
+    print(f"restored bundle {settings.bundle_name!r} into {settings.cache_dir}: {result}")
+
+
+def _push_and_clean(settings: JobSettings) -> None:
+    if settings.push_url and os.path.isdir(os.path.join(settings.cache_dir, OUTBOX)):
+        from coordinator.bundle import copy_bundles
+
+        try:
+            pushed = copy_bundles(settings.outbox_url, settings.push_url, secret=settings.secret)
+            print(f"pushed {len(pushed)} bundle(s) to {settings.push_url}: {pushed}")
+        except Exception as exc:
+            print(f"could not push bundles to {settings.push_url}: {type(exc).__name__}: {exc}")
+    if settings.clean:
+        shutil.rmtree(settings.cache_dir, ignore_errors=True)
+        print(f"removed {settings.cache_dir}")
