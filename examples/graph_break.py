@@ -10,14 +10,13 @@ Runs on CPU with gloo and on GPUs with NCCL.
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 import coordinator
+from train import setup_distributed  # shared with examples/train.py
 
 
 class TwoPart(nn.Module):
@@ -37,12 +36,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--dim", type=int, default=64)
     args = p.parse_args()
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix=f"inductor-rank{os.environ.get('RANK', 0)}-"))
-    use_cuda = torch.cuda.is_available()
-    if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-    dist.init_process_group("nccl" if use_cuda else "gloo")
-    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    device = setup_distributed()
 
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(torch.compile(TwoPart(args.dim).to(device)))

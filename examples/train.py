@@ -61,6 +61,21 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
+def setup_distributed(fresh_cache: bool = True) -> torch.device:
+    """Give this rank empty Inductor/Triton cache dirs (as on a node of its own), pick its
+    device and join the process group: NCCL on GPUs, gloo on CPU."""
+    if fresh_cache:
+        fresh = tempfile.mkdtemp(prefix=f"inductor-rank{os.environ.get('RANK', 0)}-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(fresh, "triton")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        dist.init_process_group("nccl")
+        return torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=3)
@@ -77,16 +92,9 @@ def main() -> None:
     logging.basicConfig(format=f"[rank{os.environ.get('RANK', 0)}] %(name)s: %(message)s")
     logging.getLogger("coordinator").setLevel(logging.INFO)  # progress lines and the summary
 
-    if not args.shared_local_cache:
-        fresh = tempfile.mkdtemp(prefix=f"inductor-rank{os.environ.get('RANK', 0)}-")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh
-        os.environ["TRITON_CACHE_DIR"] = os.path.join(fresh, "triton")
-    use_cuda = torch.cuda.is_available()
-    if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+    device = setup_distributed(fresh_cache=not args.shared_local_cache)
+    use_cuda = device.type == "cuda"
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
 
     torch.manual_seed(0)
     vocab = 256
