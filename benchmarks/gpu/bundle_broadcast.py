@@ -27,24 +27,15 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # so Triton compile
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from triton.runtime.cache import FileCacheManager  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "examples"))
 import coordinator  # noqa: E402
 from coordinator.bundle import broadcast_bytes, build_bundle, read_bundle  # noqa: E402
 from train import GPT  # noqa: E402
 
-triton_puts = {"cubin": 0, "all": 0}
-_put = FileCacheManager.put
+from coordinator._compat import count_triton_compiles  # noqa: E402
 
-
-def counting_put(self, data, filename, binary=True):
-    triton_puts["all"] += 1
-    triton_puts["cubin"] += int(filename.endswith(".cubin"))
-    return _put(self, data, filename, binary)
-
-
-FileCacheManager.put = counting_put
+triton_compiles = count_triton_compiles()
 
 
 def step(model, gen):
@@ -86,13 +77,13 @@ def main() -> None:
     if rank == 1:
         out["install"] = result
         out["best_config_before_step"] = len(list(Path(fresh).rglob("*.best_config")))
-        puts_before = dict(triton_puts)
+        compiles_before = triton_compiles()
         t = time.perf_counter()
         out["loss"] = step(model, gen)
         out["step1_s"] = time.perf_counter() - t
         out["fx_misses"] = counters["inductor"].get("fxgraph_cache_miss", 0)
         out["fx_hits"] = counters["inductor"].get("fxgraph_cache_hit", 0)
-        out["triton_compiles"] = triton_puts["cubin"] - puts_before["cubin"]
+        out["triton_compiles"] = triton_compiles() - compiles_before
         out["autotune_benchmarks"] = sum(v for k, v in counters["inductor"].items() if k.startswith("benchmarking."))
         out["kernels_emitted"] = counters["inductor"].get("triton_bundler_read_and_emit_kernel", 0)
         out["counters"] = {k: v for k, v in counters["inductor"].items() if "bench" in k or "autotune" in k or "coordesc" in k}

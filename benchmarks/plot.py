@@ -1,0 +1,67 @@
+"""Plot cold-start ratios from ``benchmarks/cold_start.py`` output logs.
+
+    python benchmarks/plot.py --out benchmarks/cold_start.png NAME=LOG [NAME=LOG ...]
+
+Each LOG is the printed output of one or more ``cold_start.py`` runs (the per-row lines
+``N=2 (d) compile_once, job store   21.04s (1.52x) ...``). One panel per NAME: for each N,
+a bar per row, height = time until all ranks finish step 1 ÷ one rank compiling alone,
+with the 1.10× target drawn in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import textwrap
+from pathlib import Path
+
+ROW = re.compile(r"^N=(\d+) (\([a-f]\)[^\d]+?)\s+([\d.]+)s \(([\d.]+)x\)")
+
+
+def parse(log: str) -> dict[int, dict[str, float]]:
+    rows: dict[int, dict[str, float]] = {}
+    for line in log.splitlines():
+        m = ROW.match(line.strip())
+        if m:
+            rows.setdefault(int(m.group(1)), {})[m.group(2).strip()] = float(m.group(4))
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=str(Path(__file__).with_name("cold_start.png")))
+    p.add_argument("panels", nargs="+", help="NAME=LOG[,LOG...]")
+    args = p.parse_args()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(args.panels), figsize=(7 * len(args.panels), 4.5), squeeze=False)
+    for ax, panel in zip(axes[0], args.panels):
+        name, _, logs = panel.partition("=")
+        rows: dict[int, dict[str, float]] = {}
+        for log in logs.split(","):
+            for n, found in parse(Path(log).read_text()).items():
+                rows.setdefault(n, {}).update(found)
+        methods = sorted({m for found in rows.values() for m in found})
+        width = 0.8 / max(len(rows), 1)
+        for i, n in enumerate(sorted(rows)):
+            xs = [j + i * width for j in range(len(methods))]
+            heights = [rows[n].get(m, 0.0) for m in methods]
+            bars = ax.bar(xs, heights, width, label=f"N={n}")
+            ax.bar_label(bars, labels=[f"{h:.2f}" if h else "not run" for h in heights], fontsize=7)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.axhline(1.1, color="red", linestyle="--", linewidth=0.8, label="target 1.10×")
+        ax.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(methods))])
+        ax.set_xticklabels([textwrap.fill(m, 14) for m in methods], fontsize=7)
+        ax.set_ylabel("all ranks done step 1 ÷ one rank compiling alone")
+        ax.set_title(name, fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
