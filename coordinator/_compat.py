@@ -17,7 +17,9 @@ torch      where        notes
 Added 2026-11-22 and checked on 2.13.0 (CPU) only, not yet on a GPU: keeping compile
 workers off Redis through ``TORCHINDUCTOR_REDIS_URL`` (Inductor's ``create_cache`` swallows
 the backend's construction error), and ``config.coordinate_descent_tuning`` with the
-``"found_by_coordesc"`` field of ``AutotuneCache.save``'s JSON.
+``"found_by_coordesc"`` field of ``AutotuneCache.save``'s JSON. Also on 2.13.0 (CPU) only:
+``FxGraphCache._lookup_graph`` / ``_get_tmp_dir_for_key`` and ``codecache._worker_compile_cpp``
+(sharing local cache hits), and the FX remote value format of ``FxGraphCache._save_graph``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -169,6 +172,91 @@ def on_compile_end(callback: Callable[[], None]) -> Iterator[None]:
     finally:
         with contextlib.suppress(ValueError):
             callback_handler.end_callbacks.remove(adapter)
+
+
+@contextlib.contextmanager
+def on_fx_graph_served(
+    callback: Callable[[str, Callable[[], bytes | None], list[str]], None],
+) -> Iterator[None]:
+    """Call ``callback(key, remote_value, kernel_files)`` after each FX-graph cache hit.
+
+    Wraps ``FxGraphCache._lookup_graph``, through which both ``FxGraphCache.load`` and
+    AOTAutograd cache hits load their graphs, when the FX remote cache is on. ``key`` is
+    the key the remote cache's backend sees for the graph. ``remote_value()`` returns the entry as
+    Inductor's FX remote cache would store it, built from this process's local cache dir
+    when that holds exactly one entry for ``key`` (Inductor writes the same pickled bytes
+    to both), else ``None``. ``kernel_files`` are the files Inductor's C++ builders made
+    or found for the graph's kernels while it loaded (``_worker_compile_cpp`` targets:
+    ``.o`` objects and ``.so`` libraries; none on GPU, where Triton kernels are inside
+    the entry).
+    """
+    from torch._inductor import codecache
+
+    fx_cache = codecache.FxGraphCache
+    original_lookup = fx_cache.__dict__["_lookup_graph"]
+    original_worker = codecache._worker_compile_cpp
+    recording = threading.local()
+
+    def worker_compile_cpp(*args: Any, **kwargs: Any) -> None:
+        # (lock_path, builders) on 2.13; (lock_path, builder, ...) in some earlier versions.
+        files = getattr(recording, "files", None)
+        if files is not None:
+            for arg in args[1:]:
+                for builder in arg if isinstance(arg, (list, tuple)) else [arg]:
+                    if hasattr(builder, "get_target_file_path"):
+                        files.append(builder.get_target_file_path())
+        return original_worker(*args, **kwargs)
+
+    def lookup_graph(key: str, example_inputs: Any, local: bool, remote_cache: Any, *args: Any, **kwargs: Any) -> Any:
+        outer = getattr(recording, "files", None)
+        recording.files = files = []
+        try:
+            graph, info = original_lookup.__func__(key, example_inputs, local, remote_cache, *args, **kwargs)
+        finally:
+            recording.files = outer
+        # The key our backend sees: Inductor's Redis-style remote caches format it
+        # (``pt2:fx-graph-v1::<key>:c1``). Without a remote cache there is no backend.
+        get_key = getattr(remote_cache, "_get_key", None)
+        if graph is not None and get_key is not None:
+
+            def remote_value() -> bytes | None:
+                entry = _local_fx_entry(fx_cache, key)
+                return None if entry is None else fx_graph_remote_value(entry, getattr(graph, "_time_taken_ns", None))
+
+            try:
+                callback(get_key(key), remote_value, files)
+            except Exception:  # the coordinator never fails a cache hit
+                log.warning("compile_once: handling the FX cache hit for %s failed", key, exc_info=True)
+        return graph, info
+
+    fx_cache._lookup_graph = staticmethod(lookup_graph)
+    codecache._worker_compile_cpp = worker_compile_cpp
+    try:
+        yield
+    finally:
+        fx_cache._lookup_graph = original_lookup
+        codecache._worker_compile_cpp = original_worker
+
+
+def _local_fx_entry(fx_cache: Any, key: str) -> bytes | None:
+    try:
+        entries = os.listdir(fx_cache._get_tmp_dir_for_key(key))
+    except OSError:
+        return None
+    if len(entries) != 1:  # several guarded candidates: which one hit is not known here
+        return None
+    with open(os.path.join(fx_cache._get_tmp_dir_for_key(key), entries[0]), "rb") as f:
+        return f.read()
+
+
+def fx_graph_remote_value(entry: bytes, time_taken_ns: int | None) -> bytes:
+    """The bytes Inductor's FX-graph remote cache stores for a pickled local ``entry``
+    (``FxGraphCache._save_graph`` + ``RemoteCacheJsonSerde``)."""
+    import base64
+    import json
+
+    data = {"data": base64.b64encode(entry).decode("ascii"), "time_taken_ms": int((time_taken_ns or 0) // 1e6)}
+    return bytes(json.dumps(data), "ascii")
 
 
 def default_c10d_store() -> Any | None:

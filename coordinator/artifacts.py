@@ -55,6 +55,25 @@ def collect_kernels(cache_dir: str, since: float, suffixes: tuple[str, ...] = KE
     return found
 
 
+def read_kernels(cache_dir: str, paths: list[str]) -> dict[str, bytes]:
+    """The kernel files among ``paths`` (absolute) that lie in ``cache_dir``'s kernel dirs.
+
+    Returns:
+        ``{"ab/cabc….so": bytes}``, as :func:`collect_kernels` does.
+    """
+    found: dict[str, bytes] = {}
+    for path in paths:
+        rel = os.path.relpath(path, cache_dir)
+        if not _REL_PATH.match(rel) or not rel.endswith(KERNEL_SUFFIXES) or rel in found:
+            continue
+        try:
+            with open(path, "rb") as f:
+                found[rel] = f.read()
+        except FileNotFoundError:
+            continue
+    return found
+
+
 def emit_kernels(cache_dir: str, files: dict[str, bytes], suffixes: tuple[str, ...] = KERNEL_SUFFIXES) -> int:
     """Write ``files`` into ``cache_dir`` atomically, keeping any that already exist.
 

@@ -18,6 +18,7 @@ namespace                    COORDINATOR_NAMESPACE           ""
 caches                       COORDINATOR_CACHES              all but bundled_autotune
 chunk_bytes                  COORDINATOR_CHUNK_BYTES         64 MiB
 ship_cpu_kernels             COORDINATOR_SHIP_CPU_KERNELS    true
+share_local_hits             COORDINATOR_SHARE_LOCAL_HITS    true
 ===========================  ==============================  ==========================
 """
 
@@ -50,6 +51,7 @@ _ENV = {
     "caches": "COORDINATOR_CACHES",
     "chunk_bytes": "COORDINATOR_CHUNK_BYTES",
     "ship_cpu_kernels": "COORDINATOR_SHIP_CPU_KERNELS",
+    "share_local_hits": "COORDINATOR_SHARE_LOCAL_HITS",
 }
 
 
@@ -81,6 +83,7 @@ _PARSE_ENV = {
     "caches": lambda name, raw: tuple(part.strip() for part in raw.split(",") if part.strip()),
     "chunk_bytes": lambda name, raw: int(raw),
     "ship_cpu_kernels": _flag,
+    "share_local_hits": _flag,
 }
 
 
@@ -122,6 +125,11 @@ class Config:
 
     ship_cpu_kernels: bool = True
     """Ship the compiled C++ kernel libraries with each FX-graph entry (CPU)."""
+
+    share_local_hits: bool = True
+    """When a rank finds an FX graph in its own local cache: publish it if no rank has,
+    or wait on the store while another rank compiles it, so that a warm rank neither
+    leaves cold ranks compiling nor reaches the first collective long before them."""
 
     def __post_init__(self) -> None:
         if isinstance(self.secret, str):

@@ -6,7 +6,8 @@ bundled autotune, AOTAutograd, Dynamo PGO) builds its backend from
 backend class bound to the session, and turn on the config switches that make
 Inductor consult those caches; ``_compat.routed_remote_caches`` restores it all on
 exit. Inductor keeps doing what it does on any remote hit: write the entry to its
-local cache, emit bundled Triton kernels, extend NCCL timeouts.
+local cache, emit bundled Triton kernels, extend NCCL timeouts. FX graphs Inductor
+serves from its local cache are reported to the session too (``Session.fx_graph_served``).
 """
 
 from __future__ import annotations
@@ -48,5 +49,10 @@ def _backend_class(session: Session, kind: str) -> type:
 def route_caches(session: Session) -> Iterator[None]:
     """Send the session's configured Inductor caches through it for the duration."""
     backends = {kind: _backend_class(session, kind) for kind in _compat.routable_kinds(session.config.caches)}
-    with _compat.routed_remote_caches(backends), _compat.on_compile_end(session.compile_ended):
+    share = "fx_graph" in backends and session.config.share_local_hits
+    with (
+        _compat.routed_remote_caches(backends),
+        _compat.on_compile_end(session.compile_ended),
+        _compat.on_fx_graph_served(session.fx_graph_served) if share else contextlib.nullcontext(),
+    ):
         yield

@@ -8,6 +8,13 @@ sealed (checksum, HMAC, key binding) on the way out and verified on the way in; 
 value that fails is a miss. FX-graph entries carry the CPU kernels compiled for
 them. Cache kinds whose completion can depend on the forward pass (AOTAutograd,
 PGO) are looked up without blocking.
+
+A rank whose own local cache already holds an FX graph never asks the store for it
+(Inductor reads its local cache first). :meth:`Session.fx_graph_served` closes that
+gap: it publishes the local copy when no rank has, or waits on the store while another
+rank compiles it. Without it a warm rank (a restarted job, a reused node) leaves cold
+ranks compiling and reaches the first collective alone, where the collective's timeout
+can end the job.
 """
 
 from __future__ import annotations
@@ -18,9 +25,10 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 
 from coordinator import _compat
-from coordinator.artifacts import collect_kernels, emit_kernels
+from coordinator.artifacts import collect_kernels, emit_kernels, read_kernels
 from coordinator.config import Config
 from coordinator.errors import IntegrityError, StoreError, WaitTimeout
 from coordinator.fingerprint import fingerprint
@@ -66,6 +74,8 @@ class Session:
         self.kernel_files: set[str] = set()
         self.graph_compile_time_s = 0.0
         self._node: NodeCache | None = None
+        #: FX keys this rank asked the store for; the others it found in its local cache.
+        self._asked_fx: set[str] = set()
 
     # -- store -------------------------------------------------------------------------
 
@@ -170,6 +180,8 @@ class Session:
         flight = self.flight()
         if flight is None:
             return None
+        if kind == "fx_graph":
+            self._asked_fx.add(inductor_key)
         key = self._key(kind, inductor_key)
         result = self._lookup(flight, kind, key)
         if result.waited_s:
@@ -218,17 +230,58 @@ class Session:
             # descent themselves; the claim stays for the second (or its grace ends).
             log.debug("compile_once: holding %s until coordinate descent saves", key)
             return
+        files: dict[str, bytes] = {}
+        missed_at = self._miss_times.pop(key, None)
+        since = flight.claim_started(key) or missed_at
+        if kind == "fx_graph" and self.config.ship_cpu_kernels and since is not None:
+            files = collect_kernels(_compat.inductor_cache_dir(), since)
+        self._publish(flight, kind, key, data, files)
+
+    def fx_graph_served(
+        self, inductor_key: str, remote_value: Callable[[], bytes | None], kernel_paths: list[str]
+    ) -> None:
+        """Inductor served an FX graph; if from this rank's local cache, share it.
+
+        The store has it: nothing to do. No rank has it: claim it and publish the local
+        copy (with its CPU kernels), so that cold ranks load instead of compiling. Another
+        rank is compiling it: wait on the store until it publishes (or gives up, or its
+        lease or the deadline ends), so that this rank does not reach the first
+        collective while that rank still compiles.
+        """
+        if not self.config.share_local_hits or inductor_key in self._asked_fx:
+            return
+        flight = self.flight()
+        if flight is None:
+            return
+        key = self._key("fx_graph", inductor_key)
+        result = flight.offer(key)
+        if result.waited_s:
+            self.stats.record_wait(result.waited_s)
+        if result.outcome == "unavailable":
+            self.stats.store_failed = True
+        if result.outcome != "claimed":
+            log.debug("compile_once: local FX hit %s: %s", key, result.outcome)
+            return
+        try:
+            value = remote_value()
+            if value is None:  # several guarded entries locally: which one hit is unknown
+                flight.abandon(key)
+                return
+            files = read_kernels(_compat.inductor_cache_dir(), kernel_paths) if self.config.ship_cpu_kernels else {}
+            self._publish(flight, "fx_graph", key, value, files)
+        except BaseException:
+            flight.abandon(key)
+            raise
+        self.stats.record_shared_from_local()
+        log.info("compile_once: shared FX graph %s from this rank's local cache (%d kernel files)", key, len(files))
+
+    def _publish(self, flight: Singleflight, kind: str, key: str, data: bytes, files: dict[str, bytes]) -> None:
         match = _TIME_TAKEN.search(data[-256:])
         meta = {
             "time_taken_ms": int(match.group(1)) if match else 0,
             "rank": flight.owner.rank,
             "host": flight.owner.host,
         }
-        files: dict[str, bytes] = {}
-        missed_at = self._miss_times.pop(key, None)
-        since = flight.claim_started(key) or missed_at
-        if kind == "fx_graph" and self.config.ship_cpu_kernels and since is not None:
-            files = collect_kernels(_compat.inductor_cache_dir(), since)
         if kind == "fx_graph":
             self.kernel_files.update(files)
             self.graph_compile_time_s += meta["time_taken_ms"] / 1000.0

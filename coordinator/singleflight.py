@@ -3,6 +3,8 @@
 For every key the store holds at most these entries::
 
     v/<key>          the published value
+    d/<key>          "done": a small marker set after the value, so that a rank that
+                     already holds the value can learn it is published without fetching it
     c/<key>/<gen>    claim number <gen>: who is computing it (created atomically)
     h/<key>/<gen>    the claimant's heartbeat (a counter it bumps every lease/4)
     a/<key>/<gen>    "abandoned": the claimant finished without publishing
@@ -22,6 +24,12 @@ collective) until one of four things happens:
 Waiters log a progress line every ``progress_interval``. Liveness is judged by each
 waiter's own monotonic clock watching the heartbeat change, so no clock
 synchronization between hosts is needed.
+
+A rank that already holds a key's value (a hit in its own local cache) calls
+:meth:`Singleflight.offer` instead: if the store lacks the value and nobody is
+computing it, it claims the key and publishes its copy; if another rank is computing
+it, it waits like any waiter (so a warm rank waits on the store while a cold rank
+compiles, rather than in the first collective).
 
 Two rules keep waits deadlock-free. Non-blocking keys (whose computation can depend
 on the forward pass, e.g. AOTAutograd entries) are only read, never waited on. And a
@@ -156,6 +164,33 @@ class Singleflight:
             return LookupResult(value, "hit")
         if not blocking:
             return LookupResult(None, "nonblocking")
+        return self._claim_or_wait(key, f"v/{key}")
+
+    def offer(self, key: str) -> LookupResult:
+        """For a value this process already holds: make sure the store gets it, or wait
+        for the rank computing it.
+
+        Never fetches the value. Outcomes: ``hit`` (the store has it), ``claimed`` (the
+        caller must :meth:`publish` its copy now, or :meth:`abandon`), ``waited`` (another
+        rank was computing it and published), ``abandoned``/``deadline`` (that rank gave
+        up, or the wait hit the deadline), ``nonblocking`` (this process holds claims, so
+        it does not wait), ``unavailable``.
+        """
+        if not self.available:
+            return LookupResult(None, "unavailable")
+        try:
+            if self.store.get(f"d/{key}") is not None:
+                return LookupResult(None, "hit")
+            result = self._claim_or_wait(key, f"d/{key}")
+        except StoreError as exc:
+            self._fail(exc)
+            return LookupResult(None, "unavailable")
+        return LookupResult(None, result.outcome, result.waited_s)
+
+    def _claim_or_wait(self, key: str, published: str) -> LookupResult:
+        """Claim ``key``, or wait while another process holds it until store key
+        ``published`` appears (returning its value), the claim is abandoned or expires
+        (then try to claim the next generation), or the deadline passes."""
         # A rank holding a claim may try to claim more, but must not wait (no cycles).
         may_wait = not self.holds_claims()
         started = time.monotonic()
@@ -164,7 +199,7 @@ class Singleflight:
             if self._try_claim(key, gen):
                 # Re-check: the value may have been published (and its claim deleted)
                 # between our first read and the claim.
-                value = self.store.get(f"v/{key}")
+                value = self.store.get(published)
                 if value is not None:
                     self._drop_claim(key, delete=True)
                     return LookupResult(value, "hit")
@@ -172,7 +207,7 @@ class Singleflight:
             if not may_wait:
                 return LookupResult(None, "nonblocking")
             gen = self._latest_gen(key, gen)
-            outcome, value = self._wait(key, gen, started)
+            outcome, value = self._wait(key, gen, started, published)
             if outcome == "expired":
                 gen += 1
                 continue
@@ -194,7 +229,7 @@ class Singleflight:
             gen += 1
         return gen
 
-    def _wait(self, key: str, gen: int, started: float) -> tuple[str, bytes | None]:
+    def _wait(self, key: str, gen: int, started: float, published: str) -> tuple[str, bytes | None]:
         raw_owner = self.store.get(f"c/{key}/{gen}")
         owner = "unknown owner"
         if raw_owner is not None:
@@ -205,7 +240,7 @@ class Singleflight:
         next_progress = time.monotonic() + self.progress_interval
         delay = _FIRST_POLL_S
         while True:
-            value = self.store.get(f"v/{key}")
+            value = self.store.get(published)
             if value is not None:
                 return "waited", value
             if self.store.get(f"a/{key}/{gen}") is not None:
@@ -246,6 +281,7 @@ class Singleflight:
             return False
         try:
             self.store.set(f"v/{key}", value)
+            self.store.set(f"d/{key}", b"1")
         except StoreError as exc:
             self._fail(exc)
             return False

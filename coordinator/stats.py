@@ -2,7 +2,8 @@
 
 ``compile_once`` logs :meth:`Stats.summary` on exit and ``coordinator.stats()``
 returns :meth:`Stats.as_dict`. "Compiled locally" counts FX-graph misses (each one
-is a graph this rank compiled); "received" counts FX graphs loaded from another rank.
+is a graph this rank compiled); "received" counts FX graphs loaded from another rank;
+"shared" counts graphs this rank found in its own local cache and published.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Stats:
         self.timeout_extension_s = 0.0
         self.store_failed = False
         self.store_fetches = 0
+        self.shared_from_local = 0
         self.store = "none"
 
     def record_hit(self, kind: str, nbytes: int, saved_s: float, extension_s: float, kernels: int) -> None:
@@ -55,6 +57,10 @@ class Stats:
             self.kinds[kind].published += 1
             self.bytes_published += nbytes
 
+    def record_shared_from_local(self) -> None:
+        with self._lock:
+            self.shared_from_local += 1
+
     def record_store_fetch(self) -> None:
         with self._lock:
             self.store_fetches += 1
@@ -71,6 +77,7 @@ class Stats:
                 "store": self.store,
                 "graphs_compiled": fx.misses,
                 "graphs_received": fx.hits,
+                "graphs_shared_from_local_cache": self.shared_from_local,
                 "waited_s": round(self.waited_s, 3),
                 "bytes_received": self.bytes_received,
                 "bytes_published": self.bytes_published,
@@ -87,7 +94,7 @@ class Stats:
         d = self.as_dict()
         return (
             f"compile_once rank {d['rank']}: {d['graphs_compiled']} graphs compiled locally, "
-            f"{d['graphs_received']} received; waited {d['waited_s']:.1f}s; "
+            f"{d['graphs_received']} received, {d['graphs_shared_from_local_cache']} shared from its local cache; waited {d['waited_s']:.1f}s; "
             f"received {d['bytes_received'] / 1e6:.2f} MB; compile time saved {d['compile_time_saved_s']:.1f}s; "
             f"NCCL timeout extended by {d['timeout_extension_s']:.0f}s; rejected {d['rejected']}; store {d['store']}"
         )

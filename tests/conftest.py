@@ -100,11 +100,12 @@ class RankResult:
 
 
 def run_job(workdir: Path, world_size: int, options: dict, *, env: dict | None = None, name: str = "job",
-            timeout: float = 240) -> list[RankResult]:
+            timeout: float = 240, rank_options: dict[int, dict] | None = None,
+            cache_dirs: dict[int, Path] | None = None) -> list[RankResult]:
     """Start ``world_size`` worker processes as torchrun would and collect their reports.
 
-    Each rank gets its own empty Inductor cache dir and temp dir, like ranks on
-    separate nodes.
+    Each rank gets its own empty Inductor cache dir (or the one ``cache_dirs`` names)
+    and temp dir, like ranks on separate nodes. ``rank_options`` adds options per rank.
     """
     port = free_port()
     jobdir = workdir / name
@@ -113,18 +114,20 @@ def run_job(workdir: Path, world_size: int, options: dict, *, env: dict | None =
     for rank in range(world_size):
         rankdir = jobdir / f"rank{rank}"
         (rankdir / "tmp").mkdir(parents=True)
-        rank_options = dict(options, out=str(rankdir / "report.json"), marker=str(workdir / "first-compiler"))
+        this_rank_options = dict(options, **(rank_options or {}).get(rank, {}),
+                                 out=str(rankdir / "report.json"), marker=str(workdir / "first-compiler"))
+        cache_dir = (cache_dirs or {}).get(rank, rankdir / "inductor")
         rank_env = dict(
             os.environ,
             RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-            TORCHINDUCTOR_CACHE_DIR=str(rankdir / "inductor"), TMPDIR=str(rankdir / "tmp"),
+            TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TMPDIR=str(rankdir / "tmp"),
             TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONUNBUFFERED="1",
         )
         rank_env.update(env or {})
         log = open(rankdir / "log", "w")
         procs.append((rank, rankdir, log, subprocess.Popen(
-            [sys.executable, str(WORKER), json.dumps(rank_options)], env=rank_env, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, str(WORKER), json.dumps(this_rank_options)], env=rank_env, stdout=log, stderr=subprocess.STDOUT,
         )))
     results = []
     deadline = time.monotonic() + timeout

@@ -57,6 +57,27 @@ def test_abandoned_claim_releases_waiters(store):
     leader.close()
 
 
+def test_offer_claims_a_missing_key_or_waits_for_its_holder(store):
+    """offer(): for a value this process already has (a local cache hit)."""
+    warm, cold = flight(store, 0), flight(store, 1)
+    # Nobody has it: the offering rank claims it and publishes its copy; a cold rank gets it.
+    assert warm.offer("a").outcome == "claimed"
+    warm.publish("a", b"local copy")
+    assert cold.lookup("a", blocking=True).value == b"local copy"
+    assert flight(store, 2).offer("a").outcome == "hit"  # published: nothing to do
+    # A cold rank is computing it: the offering rank waits until it is published...
+    assert cold.lookup("b", blocking=True).outcome == "claimed"
+    threading.Timer(0.4, cold.publish, args=("b", b"from the cold rank")).start()
+    r = warm.offer("b")
+    assert (r.value, r.outcome) == (None, "waited") and r.waited_s >= 0.3
+    # ... or until it gives up.
+    assert cold.lookup("c", blocking=True).outcome == "claimed"
+    threading.Timer(0.3, cold.abandon, args=("c",)).start()
+    assert warm.offer("c").outcome == "abandoned"
+    warm.close()
+    cold.close()
+
+
 def test_kept_claim_is_published_after_its_compile(store):
     """An autotune claim outlives its compile: a waiter gets the value saved at first launch."""
     leader, follower = flight(store, 0), flight(store, 1)

@@ -18,6 +18,9 @@ Options:
     bundle: "broadcast" (rank 0 runs its steps, then broadcasts its bundle, then the
         others run theirs), "save:<url>" (save this rank's bundle after the steps) or
         "load:<url>" (load the bundle before compiling)
+    pg_timeout_s: the process group's timeout (gloo's collectives time out after it)
+    start_after: a path; run the steps only once it exists
+    touch_after_steps: a path to create once the steps are done
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import logging
 import os
 import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -39,16 +43,28 @@ def count_cpp_builds() -> dict[str, int]:
     """Count C++ compiler runs in this process (compile threads are set to 1).
 
     "kernel" builds produce a kernel library; "header" builds preprocess or precompile
-    Inductor's C++ prefix header (once per node, when precompiled headers are on).
+    Inductor's C++ prefix header (once per node, when precompiled headers are on);
+    "isa_probe" builds are Inductor's CPU vector-ISA check (a tiny kernel built once
+    per cache dir, before any graph is looked up).
     """
     from torch._inductor import cpp_builder
 
-    calls = {"kernel": 0, "header": 0}
+    calls = {"kernel": 0, "header": 0, "isa_probe": 0}
     original = cpp_builder.CppBuilder.build
 
+    def kind_of(target: str) -> str:
+        if target.endswith((".gch", "header.i")):
+            return "header"
+        try:
+            with open(os.path.splitext(target)[0] + ".cpp") as f:
+                if "_chk_kernel()" in f.read():
+                    return "isa_probe"
+        except OSError:
+            pass
+        return "kernel"
+
     def build(self, *args, **kwargs):
-        target = self.get_target_file_path()
-        calls["header" if target.endswith((".gch", "header.i")) else "kernel"] += 1
+        calls[kind_of(self.get_target_file_path())] += 1
         return original(self, *args, **kwargs)
 
     cpp_builder.CppBuilder.build = build
@@ -117,7 +133,8 @@ def main() -> None:
 
     use_pg = not options.get("no_pg")
     if use_pg:
-        dist.init_process_group("gloo")
+        timeout = options.get("pg_timeout_s")
+        dist.init_process_group("gloo", timeout=None if timeout is None else timedelta(seconds=timeout))
     store = options.get("store")
     if options.get("external_store"):
         host, port = options["external_store"].rsplit(":", 1)
@@ -138,6 +155,9 @@ def main() -> None:
     losses, ref_losses, step_times = [], [], []
 
     def run_steps():
+        if options.get("start_after"):
+            while not os.path.exists(options["start_after"]):
+                time.sleep(0.05)
         for x in batches:
             start = time.perf_counter()
             loss = compiled(x).pow(2).mean()
@@ -145,6 +165,8 @@ def main() -> None:
             step_times.append(time.perf_counter() - start)
             losses.append(loss.item())
             ref_losses.append(reference(x).pow(2).mean().item())
+        if options.get("touch_after_steps"):
+            open(options["touch_after_steps"], "w").close()
 
     bundle = options.get("bundle", "")
     bundle_result = None
