@@ -1,15 +1,18 @@
-"""NCCL-timeout scenario: one rank warm, one cold, a short NCCL timeout, DDP step 1.
+"""Timeout scenario: one rank warm, one cold, a short process-group timeout, DDP step 1.
 
-    python benchmarks/gpu/nccl_timeout.py --timeout 10 [--coordinator] [model flags]
+    python benchmarks/timeout_scenario.py --timeout 10 [--coordinator] [model flags]
 
 First fills a cache dir by compiling the model in a single process (the warm rank's
-cache from an earlier run). Then a 2-rank NCCL job (torchrun --virtual-local-rank,
-process-group timeout ``--timeout`` s): rank 0 uses the warm cache, rank 1 an empty one
-and a starved compiler (``TORCHINDUCTOR_COMPILE_THREADS=1``, as on a node where 8 ranks
-compile at once). Without the coordinator rank 0 reaches DDP's first all-reduce while
-rank 1 still compiles, and the NCCL watchdog kills the job unless Inductor's own
-extension on cache hits covers the gap. Prints one JSON line per run: the exit code,
-whether the watchdog fired, and each rank's step-1 time.
+cache from an earlier run). Then a 2-rank job (torchrun --virtual-local-rank,
+process-group timeout ``--timeout`` s; NCCL on GPUs, gloo on CPU): rank 0 uses the warm
+cache, rank 1 an empty one and a starved compiler (``TORCHINDUCTOR_COMPILE_THREADS=1``,
+as on a node where 8 ranks compile at once). Without the coordinator rank 0 reaches
+DDP's first all-reduce while rank 1 still compiles, and the collective times out (the
+NCCL watchdog kills the job unless Inductor's own extension on cache hits covers the
+gap; gloo has no such extension). With ``--coordinator`` (``compile_once`` over the
+job's store), rank 0 publishes its local graphs or waits on the store while rank 1
+compiles. Prints one JSON line per run: the exit code, whether a collective timed out,
+each rank's step-1 time and what the coordinator did.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -51,24 +54,35 @@ def worker(args: argparse.Namespace) -> None:
 
     logging.basicConfig(format=f"[rank{rank}] %(name)s: %(message)s")
     logging.getLogger("coordinator").setLevel(logging.INFO)
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", timeout=timedelta(seconds=args.timeout))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=timedelta(seconds=args.timeout))
     torch.manual_seed(0)
-    model = torch.compile(GPT(256, args.dim, args.layers, 8, args.seq).cuda())
+    model = torch.compile(GPT(256, args.dim, args.layers, 8, args.seq).to(device))
     gen = torch.Generator().manual_seed(rank)
-    idx = torch.randint(256, (8, args.seq), generator=gen).cuda()
-    if dist.get_world_size() > 1:
-        model = nn.parallel.DistributedDataParallel(model)
-        dist.barrier()
+    idx = torch.randint(256, (args.batch, args.seq), generator=gen).to(device)
+    # DDP in the one-process fill too: Dynamo splits DDP graphs at bucket boundaries, and
+    # the warm cache must hold the graphs the 2-rank job looks up.
+    model = nn.parallel.DistributedDataParallel(model)
+    dist.barrier()
     start = time.time()
     context = coordinator.compile_once() if args.coordinator else contextlib.nullcontext()
     with context:
         model(idx, torch.roll(idx, -1, dims=1)).backward()
-        torch.cuda.synchronize()
+        if device == "cuda":
+            torch.cuda.synchronize()
     print(f"RESULT rank {rank} step1 {time.time() - start:.2f}", flush=True)
+    if args.coordinator:
+        print(f"STATS rank {rank} {json.dumps(coordinator.stats())}", flush=True)
     if dist.get_world_size() > 1:
         dist.barrier()
     dist.destroy_process_group()
+
+
+#: What a timed-out collective prints: the NCCL watchdog, gloo's transport.
+TIMEOUT_MESSAGES = ("Watchdog caught collective operation timeout", "Timed out waiting")
+REPORTED = ("graphs_compiled", "graphs_received", "graphs_shared_from_local_cache", "waited_s")
 
 
 def torchrun(n: int, argv: list[str], env: dict) -> subprocess.CompletedProcess:
@@ -84,6 +98,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--no-starve", dest="starve_cold", action="store_false",
                    help="let the cold rank use Inductor's parallel compile workers")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -94,8 +109,9 @@ def main() -> None:
         worker(args)
         return
     env = dict(os.environ, PYTHONPATH=str(ROOT), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-               PYTHONUNBUFFERED="1")
-    model = ["--layers", str(args.layers), "--dim", str(args.dim), "--seq", str(args.seq), "--timeout", str(args.timeout),
+               PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    model = ["--layers", str(args.layers), "--dim", str(args.dim), "--seq", str(args.seq), "--batch", str(args.batch),
+             "--timeout", str(args.timeout),
              *([] if args.starve_cold else ["--no-starve"])]
     with tempfile.TemporaryDirectory() as warm:
         started = time.monotonic()
@@ -109,11 +125,13 @@ def main() -> None:
         with open(args.log, "a") as f:
             f.write(f"===== coordinator={args.coordinator} timeout={args.timeout}s rc={job.returncode}\n{job.stdout}\n")
     steps = {rank: float(s) for rank, s in re.findall(r"RESULT rank (\d+) step1 ([\d.]+)", job.stdout)}
+    stats = {int(rank): json.loads(s) for rank, s in re.findall(r"STATS rank (\d+) (.*)", job.stdout)}
     print(json.dumps({
-        "coordinator": args.coordinator, "nccl_timeout_s": args.timeout, "exit_code": job.returncode,
-        "watchdog_fired": "Watchdog caught collective operation timeout" in job.stdout,
+        "coordinator": args.coordinator, "pg_timeout_s": args.timeout, "exit_code": job.returncode,
+        "collective_timed_out": any(text in job.stdout for text in TIMEOUT_MESSAGES),
         "step1_s_by_rank": steps, "warm_fill_s": round(fill_s, 1), "job_wall_s": round(job_s, 1),
-        "model": {"layers": args.layers, "dim": args.dim, "seq": args.seq},
+        "coordinator_by_rank": {rank: {k: s[k] for k in REPORTED} for rank, s in sorted(stats.items())},
+        "model": {"layers": args.layers, "dim": args.dim, "seq": args.seq, "batch": args.batch},
     }), flush=True)
 
 

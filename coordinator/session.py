@@ -260,7 +260,10 @@ class Session:
         if result.outcome == "unavailable":
             self.stats.store_failed = True
         if result.outcome != "claimed":
-            log.debug("compile_once: local FX hit %s: %s", key, result.outcome)
+            if result.waited_s >= 1.0:
+                log.info("compile_once: FX graph %s is in this rank's local cache, but another rank was compiling "
+                         "it; waited %.1fs on the store for it (%s), not in a collective",
+                         key, result.waited_s, result.outcome)
             return
         try:
             value = remote_value()
