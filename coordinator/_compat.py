@@ -211,9 +211,10 @@ def on_fx_graph_served(
         outer = getattr(recording, "files", None)
         recording.files = files = []
         try:
-            graph, info = original_lookup.__func__(key, example_inputs, local, remote_cache, *args, **kwargs)
+            result = original_lookup.__func__(key, example_inputs, local, remote_cache, *args, **kwargs)
         finally:
             recording.files = outer
+        graph = result[0] if isinstance(result, tuple) else result  # (graph, cache info) since 2.6
         # The key our backend sees: Inductor's Redis-style remote caches format it
         # (``pt2:fx-graph-v1::<key>:c1``). Without a remote cache there is no backend.
         get_key = getattr(remote_cache, "_get_key", None)
@@ -227,7 +228,7 @@ def on_fx_graph_served(
                 callback(get_key(key), remote_value, files)
             except Exception:  # the coordinator never fails a cache hit
                 log.warning("compile_once: handling the FX cache hit for %s failed", key, exc_info=True)
-        return graph, info
+        return result
 
     fx_cache._lookup_graph = staticmethod(lookup_graph)
     codecache._worker_compile_cpp = worker_compile_cpp
