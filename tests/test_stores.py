@@ -60,6 +60,28 @@ def test_large_value_round_trips(store):
     assert store.get("big") == b"small again"
 
 
+def test_values_past_the_tcpstore_message_limit(tcp_store):
+    """TCPStore's libuv server drops any message over 8 MiB, and the connection with it."""
+    import torch.distributed as dist
+
+    raw = dist.TCPStore("127.0.0.1", tcp_store.port, is_master=False, timeout=timedelta(seconds=30))
+    store = C10dStore(raw)
+    before = raw.num_keys()
+    value = bytes(range(256)) * (37 * 1024 * 1024 // 256)  # 37 MiB: 10 chunks
+    store.set("fx/big", value)
+    assert store.get("fx/big") == value
+    assert raw.num_keys() == before + 11  # 10 chunks and the manifest
+    store.set("fx/big", b"small again")  # the old chunks go
+    assert store.get("fx/big") == b"small again"
+    assert raw.num_keys() == before + 1
+    store.set("fx/big", value)
+    store.delete("fx/big")
+    assert store.get("fx/big") is None and raw.num_keys() == before
+    # The connection survived all of it.
+    store.set("after", b"ok")
+    assert store.get("after") == b"ok"
+
+
 def test_wait_any(store):
     threading.Timer(0.2, store.set, args=("late", b"1")).start()
     assert store.wait_any(["never", "late"], timeout=timedelta(seconds=5)) == "late"
