@@ -10,28 +10,24 @@ them blocks, because ``get`` is only issued for keys that ``check`` found.
 TCPStore's libuv server (the default since torch 2.4) refuses any message over 8 MiB
 and drops the connection, which is also the process group's. An FX-graph entry with
 bundled Triton kernels easily exceeds that (max-autotune bundles every candidate), so
-values above ``CHUNK_BYTES`` are written as chunks under an upload id, and only then is
-the key set to a small manifest naming them, as the Redis store does: a reader never
-sees a half-written value, and the lock is released between chunks so heartbeats go on.
+values above ``CHUNK_BYTES`` are written as chunks and a manifest
+(:mod:`coordinator.stores.chunks`, as the Redis store does); the lock is released
+between chunks so heartbeats go on.
 """
 
 from __future__ import annotations
 
 import threading
-import uuid
 from datetime import timedelta
 from typing import Any
 
-import msgpack
-
 from coordinator.errors import StoreError
+from coordinator.stores import chunks
 from coordinator.stores.base import Store, check_key
 
 
 #: Largest single TCPStore value we write: half the libuv server's 8 MiB message limit.
 CHUNK_BYTES = 4 * 1024 * 1024
-_RAW = b"R"
-_MANIFEST = b"M"
 
 
 class C10dStore(Store):
@@ -64,49 +60,33 @@ class C10dStore(Store):
 
     def get(self, key: str) -> bytes | None:
         full = self._prefix + check_key(key)
-        raw = self._read(full)
-        if raw is None:
+        head = self._read(full)
+        if head is None:
             return None
-        tag, body = raw[:1], raw[1:]
-        if tag == _RAW:
-            return body
-        if tag != _MANIFEST:
-            raise StoreError(f"torch.distributed store value of {key} has an unknown layout tag {tag!r}")
-        manifest = msgpack.unpackb(body)
-        parts = [self._read(self._chunk_key(full, manifest["id"], index)) for index in range(manifest["n"])]
-        if any(part is None for part in parts):  # replaced meanwhile: its chunks are gone
-            return None
-        value = b"".join(parts)
-        return value if len(value) == manifest["size"] else None
+        return chunks.join(key, head, lambda upload_id, n: [
+            self._read(self._chunk_key(full, upload_id, index)) for index in range(n)
+        ])
 
     def set(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
         full = self._prefix + check_key(key)
-        old = self._read(full) if self._call("check", self._store.check, [full]) else None
-        if len(value) + 1 <= CHUNK_BYTES:
-            self._call("set", self._store.set, full, _RAW + value)
-        else:
-            upload_id = uuid.uuid4().hex[:16]
-            n = (len(value) + CHUNK_BYTES - 1) // CHUNK_BYTES
-            for index in range(n):
-                chunk = value[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES]
-                self._call("set", self._store.set, self._chunk_key(full, upload_id, index), chunk)
-            manifest = msgpack.packb({"id": upload_id, "n": n, "size": len(value)})
-            self._call("set", self._store.set, full, _MANIFEST + manifest)
+        old = self._read(full)
+        head, upload_id, parts = chunks.split(value, CHUNK_BYTES)
+        for index, part in enumerate(parts):
+            self._call("set", self._store.set, self._chunk_key(full, upload_id, index), part)
+        self._call("set", self._store.set, full, head)
         self._delete_chunks(full, old)
 
-    def _delete_chunks(self, full: str, raw: bytes | None) -> None:
-        if not raw or raw[:1] != _MANIFEST:
-            return
-        manifest = msgpack.unpackb(raw[1:])
-        for index in range(manifest["n"]):
-            self._call("delete", self._store.delete_key, self._chunk_key(full, manifest["id"], index))
+    def _delete_chunks(self, full: str, head: bytes | None) -> None:
+        upload_id, n = chunks.chunk_names(head)
+        for index in range(n):
+            self._call("delete", self._store.delete_key, self._chunk_key(full, upload_id, index))
 
     def add_if_absent(self, key: str, value: bytes, ttl: timedelta | None = None) -> bool:
         full = self._prefix + check_key(key)
         if len(value) + 1 > CHUNK_BYTES:
             raise StoreError(f"claim value for {key} is {len(value)} bytes; the limit is {CHUNK_BYTES - 1}")
-        current = self._call("compare_set", self._store.compare_set, full, b"", _RAW + value)
-        return bytes(current) == _RAW + value
+        current = self._call("compare_set", self._store.compare_set, full, b"", chunks.RAW + value)
+        return bytes(current) == chunks.RAW + value
 
     def delete(self, key: str) -> None:
         full = self._prefix + check_key(key)

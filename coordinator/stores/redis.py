@@ -3,23 +3,18 @@
 ``redis://[:password@]host:port/db`` or ``rediss://`` for TLS. Claims are
 ``SET key value NX PX lease``. Redis refuses values over 512 MB and large values
 block the server, so a value longer than ``chunk_bytes`` is written as chunks under
-an upload id, and only then is the key set to a small manifest naming them: a
-reader never sees a half-written value. redis-py is imported only when this store
+an upload id, and only then is the key set to a small manifest naming them
+(:mod:`coordinator.stores.chunks`): a reader never sees a half-written value. redis-py is imported only when this store
 is chosen.
 """
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 
-import msgpack
-
 from coordinator.errors import StoreError
+from coordinator.stores import chunks
 from coordinator.stores.base import Store, check_key
-
-_RAW = b"R"
-_MANIFEST = b"M"
 
 
 class RedisStore(Store):
@@ -63,49 +58,31 @@ class RedisStore(Store):
             raise StoreError(f"redis {what} failed on {self.name}: {exc}") from exc
 
     def get(self, key: str) -> bytes | None:
-        raw = self._run("GET", self._client.get, self._key(key))
-        if raw is None:
+        head = self._run("GET", self._client.get, self._key(key))
+        if head is None:
             return None
-        tag, body = raw[:1], raw[1:]
-        if tag == _RAW:
-            return body
-        if tag != _MANIFEST:
-            raise StoreError(f"redis value of {key} has an unknown layout tag {tag!r}")
-        manifest = msgpack.unpackb(body)
+        return chunks.join(key, head, lambda upload_id, n: self._get_chunks(key, upload_id, n))
+
+    def _get_chunks(self, key: str, upload_id: str, n: int) -> list[bytes | None]:
         parts = []
-        for start in range(0, manifest["n"], 8):
+        for start in range(0, n, 8):
             pipe = self._client.pipeline(transaction=False)
-            for index in range(start, min(start + 8, manifest["n"])):
-                pipe.get(self._chunk_key(key, manifest["id"], index))
+            for index in range(start, min(start + 8, n)):
+                pipe.get(self._chunk_key(key, upload_id, index))
             parts.extend(self._run("GET chunks", pipe.execute))
-        if any(part is None for part in parts):
-            # Chunks expired or were evicted under memory pressure: treat as absent.
-            return None
-        value = b"".join(parts)
-        if len(value) != manifest["size"]:
-            return None
-        return value
+        return parts
 
     def set(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
         px = int(ttl.total_seconds() * 1000) if ttl is not None else None
-        if len(value) + 1 <= self._chunk_bytes:
-            old = self._run("SET", self._client.set, self._key(key), _RAW + value, px=px, get=True)
-            self._delete_chunks(key, old)
-            return
-        upload_id = uuid.uuid4().hex[:16]
-        n = (len(value) + self._chunk_bytes - 1) // self._chunk_bytes
-        for index in range(n):
-            chunk = value[index * self._chunk_bytes : (index + 1) * self._chunk_bytes]
-            self._run("SET chunk", self._client.set, self._chunk_key(key, upload_id, index), chunk, px=px)
-        manifest = msgpack.packb({"id": upload_id, "n": n, "size": len(value)})
-        old = self._run("SET", self._client.set, self._key(key), _MANIFEST + manifest, px=px, get=True)
+        head, upload_id, parts = chunks.split(value, self._chunk_bytes)
+        for index, part in enumerate(parts):
+            self._run("SET chunk", self._client.set, self._chunk_key(key, upload_id, index), part, px=px)
+        old = self._run("SET", self._client.set, self._key(key), head, px=px, get=True)
         self._delete_chunks(key, old)
 
-    def _delete_chunks(self, key: str, raw: bytes | None) -> None:
-        if not raw or raw[:1] != _MANIFEST:
-            return
-        manifest = msgpack.unpackb(raw[1:])
-        names = [self._chunk_key(key, manifest["id"], i) for i in range(manifest["n"])]
+    def _delete_chunks(self, key: str, head: bytes | None) -> None:
+        upload_id, n = chunks.chunk_names(head)
+        names = [self._chunk_key(key, upload_id, i) for i in range(n)]
         if names:
             self._run("DEL chunks", self._client.delete, *names)
 
@@ -117,7 +94,7 @@ class RedisStore(Store):
 
     def add_if_absent(self, key: str, value: bytes, ttl: timedelta | None = None) -> bool:
         px = int(ttl.total_seconds() * 1000) if ttl is not None else None
-        created = self._run("SET NX", self._client.set, self._key(key), _RAW + value, nx=True, px=px)
+        created = self._run("SET NX", self._client.set, self._key(key), chunks.RAW + value, nx=True, px=px)
         return bool(created)
 
     def delete(self, key: str) -> None:
