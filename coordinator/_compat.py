@@ -18,8 +18,9 @@ Added 2026-11-22 and checked on 2.13.0 (CPU) only, not yet on a GPU: keeping com
 workers off Redis through ``TORCHINDUCTOR_REDIS_URL`` (Inductor's ``create_cache`` swallows
 the backend's construction error), and ``config.coordinate_descent_tuning`` with the
 ``"found_by_coordesc"`` field of ``AutotuneCache.save``'s JSON. Also on 2.13.0 (CPU) only:
-``FxGraphCache._lookup_graph`` / ``_get_tmp_dir_for_key`` and ``codecache._worker_compile_cpp``
-(sharing local cache hits), and the FX remote value format of ``FxGraphCache._save_graph``.
+``FxGraphCache._lookup_graph`` / ``_get_tmp_dir_for_key``, ``codecache._worker_compile_cpp`` and
+``RedisRemoteCache._get_key`` (sharing local cache hits), and the FX remote value format of
+``FxGraphCache._save_graph``.
 """
 
 from __future__ import annotations
