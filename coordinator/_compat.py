@@ -241,13 +241,14 @@ def on_fx_graph_served(
 
 
 def _local_fx_entry(fx_cache: Any, key: str) -> bytes | None:
+    subdir = fx_cache._get_tmp_dir_for_key(key)
     try:
-        entries = os.listdir(fx_cache._get_tmp_dir_for_key(key))
+        entries = os.listdir(subdir)
     except OSError:
         return None
     if len(entries) != 1:  # several guarded candidates: which one hit is not known here
         return None
-    with open(os.path.join(fx_cache._get_tmp_dir_for_key(key), entries[0]), "rb") as f:
+    with open(os.path.join(subdir, entries[0]), "rb") as f:
         return f.read()
 
 

@@ -242,13 +242,16 @@ class Session:
     ) -> None:
         """Inductor served an FX graph; if from this rank's local cache, share it.
 
+        Called through ``_compat.on_fx_graph_served``, which ``route_caches`` installs only
+        when ``config.share_local_hits`` is on.
+
         The store has it: nothing to do. No rank has it: claim it and publish the local
         copy (with its CPU kernels), so that cold ranks load instead of compiling. Another
         rank is compiling it: wait on the store until it publishes (or gives up, or its
         lease or the deadline ends), so that this rank does not reach the first
         collective while that rank still compiles.
         """
-        if not self.config.share_local_hits or inductor_key in self._asked_fx:
+        if inductor_key in self._asked_fx:  # a remote hit: the store has it
             return
         flight = self.flight()
         if flight is None:
