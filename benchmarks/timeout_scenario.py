@@ -6,7 +6,11 @@ First fills a cache dir by compiling the model in a single process (the warm ran
 cache from an earlier run). Then a 2-rank job (torchrun --virtual-local-rank,
 process-group timeout ``--timeout`` s; NCCL on GPUs, gloo on CPU): rank 0 uses the warm
 cache, rank 1 an empty one and a starved compiler (``TORCHINDUCTOR_COMPILE_THREADS=1``,
-as on a node where 8 ranks compile at once). Without the coordinator rank 0 reaches
+as on a node where 8 ranks compile at once) and, with ``--cold-extra-s S``, S more
+seconds in each graph it compiles (a post-grad pass with a constant uuid, installed in the
+fill too so keys match: it stands in for a slower compile, such as max-autotune's, and
+for the NCCL run outruns Inductor's own timeout extension on cache hits, which adds the
+compile time the warm entries record). Without the coordinator rank 0 reaches
 DDP's first all-reduce while rank 1 still compiles, and the collective times out (the
 NCCL watchdog kills the job unless Inductor's own extension on cache hits covers the
 gap; gloo has no such extension). With ``--coordinator`` (``compile_once`` over the
@@ -50,7 +54,22 @@ def worker(args: argparse.Namespace) -> None:
 
     sys.path.insert(0, str(ROOT / "examples"))
     import coordinator
+    from torch._inductor import config as inductor_config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
     from train import GPT
+
+    extra_s = args.cold_extra_s if args.job and cache != args.warm_dir else 0.0
+
+    class SlowCompile(CustomGraphPass):
+        """Sleeps ``extra_s`` in each graph this process really compiles (never on a cache hit)."""
+
+        def __call__(self, graph) -> None:
+            time.sleep(extra_s)
+
+        def uuid(self) -> str:  # constant, so the FX keys match across ranks and the fill
+            return "timeout-scenario-slow-compile"
+
+    inductor_config.post_grad_custom_post_pass = SlowCompile()
 
     logging.basicConfig(format=f"[rank{rank}] %(name)s: %(message)s")
     logging.getLogger("coordinator").setLevel(logging.INFO)
@@ -78,6 +97,11 @@ def worker(args: argparse.Namespace) -> None:
     if dist.get_world_size() > 1:
         dist.barrier()
     dist.destroy_process_group()
+    # Leave without running destructors: freeing the DDP reducer of the one-rank gloo fill
+    # can deadlock on torch 2.13 (~ProcessGroupGloo joins its worker thread while holding the
+    # GIL, and that thread needs the GIL to free a finished work's thread-local state).
+    sys.stdout.flush()
+    os._exit(0)
 
 
 #: What a timed-out collective prints: the NCCL watchdog, gloo's transport.
@@ -101,7 +125,10 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--no-starve", dest="starve_cold", action="store_false",
                    help="let the cold rank use Inductor's parallel compile workers")
+    p.add_argument("--cold-extra-s", type=float, default=0.0,
+                   help="seconds added to each graph the cold rank compiles (stands in for a slower compile)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--warm-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--log", default=None, help="append the job's output here")
     args = p.parse_args()
@@ -111,7 +138,7 @@ def main() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     model = ["--layers", str(args.layers), "--dim", str(args.dim), "--seq", str(args.seq), "--batch", str(args.batch),
-             "--timeout", str(args.timeout),
+             "--timeout", str(args.timeout), "--cold-extra-s", str(args.cold_extra_s),
              *([] if args.starve_cold else ["--no-starve"])]
     with tempfile.TemporaryDirectory() as warm:
         started = time.monotonic()
@@ -119,7 +146,7 @@ def main() -> None:
         assert fill.returncode == 0, fill.stdout[-3000:]
         fill_s = time.monotonic() - started
         started = time.monotonic()
-        job = torchrun(2, [*model, "--warm-dir", warm, *(["--coordinator"] if args.coordinator else [])], env)
+        job = torchrun(2, [*model, "--warm-dir", warm, "--job", *(["--coordinator"] if args.coordinator else [])], env)
         job_s = time.monotonic() - started
     if args.log:
         with open(args.log, "a") as f:
@@ -132,6 +159,7 @@ def main() -> None:
         "step1_s_by_rank": steps, "warm_fill_s": round(fill_s, 1), "job_wall_s": round(job_s, 1),
         "coordinator_by_rank": {rank: {k: s[k] for k in REPORTED} for rank, s in sorted(stats.items())},
         "model": {"layers": args.layers, "dim": args.dim, "seq": args.seq, "batch": args.batch},
+        "cold_extra_s_per_graph": args.cold_extra_s,
     }), flush=True)
 
 
