@@ -166,7 +166,7 @@ def main() -> None:
     p.add_argument("job_args", nargs=argparse.REMAINDER, help="after --: model flags for cold_start_job.py")
     args = p.parse_args()
     job_args = [a for a in args.job_args if a != "--"]
-    rows = {name: spec for name, spec in ROWS.items() if name[1] in args.rows}
+    rows = {name: ROWS[name] for letter in args.rows for name in ROWS if name[1] == letter}  # in the order asked
     redis = Redis() if any(uses for _, uses in rows.values()) else None
     try:
         raw: dict = {"command": "python benchmarks/cold_start.py " + " ".join(sys.argv[1:]), "references": {}, "rows": []}
@@ -196,16 +196,21 @@ def main() -> None:
                 print(f"N={n} {name:<38} {row['all_done_s']:7.2f}s ({row['ratio']:.2f}x)  runs {runs_s}  "
                       f"FX {row['fx_compiles']}  Triton {row['triton_compiles']}  CPU {row['cpu_s']:.0f}s  "
                       f"moved {fmt_bytes(row['moved_bytes'])}  follower {follower}", flush=True)
+                save(args, raw, table, job_args)  # after every row: a run cut short keeps what it measured
     finally:
         if redis:
             redis.close()
+    if table:
+        print(markdown(args, raw, table, job_args))
+
+
+def save(args, raw: dict, table: list[dict], job_args: list[str]) -> None:
+    """Write the raw runs to benchmarks/results/<label>.json and the table into RESULTS.md."""
     raw["machine"] = machine(args.gpus)
     results = ROOT / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
     (results / f"{args.label}.json").write_text(json.dumps(raw, indent=1))
-    text = markdown(args, raw, table, alone_s, warm_s, job_args)
-    print(text)
-    write_section(Path(args.out), args.label, text)
+    write_section(Path(args.out), args.label, markdown(args, raw, table, job_args))
 
 
 def machine(gpus: int) -> str:
@@ -219,7 +224,8 @@ def machine(gpus: int) -> str:
     return desc
 
 
-def markdown(args, raw: dict, table: list[dict], alone_s: float, warm_s: float, job_args: list[str]) -> str:
+def markdown(args, raw: dict, table: list[dict], job_args: list[str]) -> str:
+    alone_s, warm_s = raw["references"]["alone_s"], raw["references"]["warm_step1_s"]
     lines = [
         f"#### Run `{args.label}` ({time.strftime('%Y-%m-%d')})",
         "",
@@ -228,7 +234,8 @@ def markdown(args, raw: dict, table: list[dict], alone_s: float, warm_s: float, 
         f"Machine: {raw['machine']}. Model flags: `{' '.join(job_args) or '(defaults)'}` "
         "(`benchmarks/cold_start_job.py`: the example GPT, DDP, fwd+bwd+AdamW). "
         f"Medians of {args.repeat} runs. One rank compiling alone: {alone_s:.2f} s; "
-        f"step 1 with a warm local cache: {warm_s:.2f} s.",
+        f"step 1 with a warm local cache: {warm_s:.2f} s"
+        + (f" (reused from `{raw['references']['from']}`)." if raw["references"].get("from") else "."),
         "",
         "| N | method | all ranks done step 1 (s) | ÷ one rank alone | runs (s) | FX compiles (sum) | "
         "Triton compiles (sum) | CPU-s (sum) | bytes moved | follower step 1 ÷ warm |",

@@ -76,6 +76,7 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT / "examples"))
     import coordinator
+    from coordinator.stores.c10d import C10dStore
     from train import GPT
 
     cuda = torch.cuda.is_available()
@@ -125,13 +126,16 @@ def main() -> None:
             gc.collect()
             if args.method == "megacache":
                 blob = (torch.compiler.save_cache_artifacts() or (b"",))[0]
-                store.set("bench/megacache", blob)
+                # Chunked (TCPStore refuses messages over 8 MiB), then a flag to wait on.
+                C10dStore(store, prefix="bench/").set("megacache", blob)
+                store.set("bench/megacache-ready", b"1")
                 moved = len(blob) * (world - 1)
             else:
                 store.set("bench/bundle-ready", b"1")
         else:
             if args.method == "megacache":
-                blob = store.get("bench/megacache")  # waits on the store, not in a collective
+                store.wait(["bench/megacache-ready"])  # waits on the store, not in a collective
+                blob = C10dStore(store, prefix="bench/").get("megacache")
                 ready = time.time()
                 torch.compiler.load_cache_artifacts(blob)
             else:

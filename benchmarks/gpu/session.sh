@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call's worth of GPU measurements on the 2 x H200 host, logs and results in $OUT.
+#   bash benchmarks/gpu/session.sh timeout   # the timeout scenario, without and with the coordinator
+#   bash benchmarks/gpu/session.sh tier      # the GPU test tier (tests/gpu/run.sh)
+#   bash benchmarks/gpu/session.sh n2        # cold start, N=2 (NCCL), rows $ROWS (default a d e c f)
+#   bash benchmarks/gpu/session.sh n8        # cold start, N=8 emulated on 2 GPUs (gloo), rows $ROWS (default a d e)
+# Each step stops at BUDGET_S seconds (default 570), so that one device call (10 minutes at
+# most) returns what it measured; cold_start.py saves its table after every row.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+START=$SECONDS
+left() { echo $(( ${BUDGET_S:-570} - (SECONDS - START) )); }
+SMALL="--dim 512 --seq 256 --layers 4"
+REFS=benchmarks/results/gpu-small-default-references.json
+
+case "${1:?timeout | tier | n2 | n8}" in
+  timeout)
+    for flag in "" --coordinator; do
+      timeout 150 python3 benchmarks/timeout_scenario.py --timeout 10 $SMALL --cold-extra-s 8 $flag \
+        --log "$OUT/timeout_scenario_gpu.log" 2>&1 | tee -a "$OUT/timeout_scenario_gpu.jsonl"
+    done
+    ;;
+  tier)
+    OUT=$OUT timeout "$(left)" bash tests/gpu/run.sh
+    ;;
+  n2)
+    label=${LABEL:-gpu-small-n2}
+    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks 2 --repeat "${REPEAT:-3}" \
+      --rows ${ROWS:-a d e c f} --references "$REFS" --out "$OUT/$label.md" -- $SMALL 2>&1 | tee "$OUT/$label.log"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    ;;
+  n8)
+    label=${LABEL:-gpu-small-n8}
+    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks 8 --repeat "${REPEAT:-3}" \
+      --rows ${ROWS:-a d e} --references "$REFS" --out "$OUT/$label.md" -- $SMALL 2>&1 | tee "$OUT/$label.log"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    ;;
+esac
