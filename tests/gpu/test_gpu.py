@@ -7,6 +7,11 @@ FX entry (``TritonBundler.read_and_emit``); the leader's autotune results reach 
 and both ranks, running the same kernels with the same configs on the same inputs,
 produce bitwise-equal loss and gradients. ``tests/gpu/run.sh`` runs this tier on the
 GPU host and keeps its log.
+
+On torch < 2.12 the coordinate-descent and max-autotune cases end as xfail once
+everything else is checked, if the follower re-ran coordinate descent: Inductor then
+forgets, for kernels restored from an FX entry, that their cached config came from
+coordinate descent (pytorch/pytorch#172819, fixed upstream by #173391).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ pytestmark = [
 ]
 WORKER = str(Path(__file__).with_name("worker.py"))
 ROOT = Path(__file__).resolve().parents[2]
+TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 
 CASES = {
     "default-static-launcher": ("default", {"TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER": "1"}),
@@ -50,25 +56,39 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
     print("\n".join(line for line in done.stderr.splitlines() if "coordinator" in line))
 
     assert leader["fx_misses"] >= 2 and leader["triton_compiles"] > 0  # it did compile, forward and backward
+    if mode == "max-autotune":
+        assert leader["template_selections"] > 0  # GEMM templates were tuned, once, by the leader
+    if case == "coordinate-descent":
+        assert follower["coordesc"] and leader["coordesc_runs"] > 0
+    if env.get("TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"):
+        assert follower["static_launcher"] == (env["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == "1")
+
+    # The follower compiled no graph, selected no GEMM template, searched no kernel config.
     assert follower["fx_misses"] == 0 and follower["fx_hits"] == leader["fx_misses"]
+    assert follower["template_selections"] == 0 and follower["runtime_autotunes"] == 0, follower["tuning_trace"]
+    assert follower["cubins_on_disk"] > 0  # emitted from the FX entries into its own Triton cache dir
+    assert leader["stats"]["by_cache"].get("autotune", {}).get("published", 0) > 0  # something to share
+    # Every best_config the follower looked up came from the leader. It looks up fewer than
+    # the leader published: kernels whose static autotuner the FX entry carries with one
+    # config left need no lookup (seen on torch 2.11: 3 lookups against 5 published).
+    follower_autotune = follower["stats"]["by_cache"]["autotune"]
+    assert follower_autotune["misses"] == 0 and follower_autotune["hits"] > 0, follower_autotune
+
+    if follower["coordesc_runs"] and TORCH < (2, 12):
+        # Inductor before 2.12 drops a cached config's found_by_coordesc when it restores a
+        # kernel's static autotuner from an FX entry, so the kernel runs coordinate descent
+        # again (pytorch/pytorch#172819, fixed by #173391). Seen on 2.11: the follower got
+        # every best_config (found_by_coordesc true in the cache) and re-ran the descent,
+        # with its Triton compiles, and its configs, hence bits, can differ from the leader's.
+        pytest.xfail(f"torch {torch.__version__}: coordinate descent re-runs on FX-cache loads (pytorch#172819)")
     if case == "default-triton-launcher":
         # Seen on torch 2.11: without the static launcher, loading the received kernels still
         # runs some Triton compiles (25 against the leader's 32); not zero yet, but fewer.
         assert follower["triton_compiles"] < leader["triton_compiles"], follower["counters"]
     else:
         assert follower["triton_compiles"] == 0, follower["counters"]
-    assert follower["autotune_benchmarks"] == 0 and follower["coordesc_benchmarks"] == 0, follower["counters"]
-    assert follower["select_algorithm_autotune"] == 0, follower["counters"]
-    assert follower["cubins_on_disk"] > 0  # emitted from the FX entries into its own Triton cache dir
-    published = leader["stats"]["by_cache"].get("autotune", {}).get("published", 0)
-    assert published > 0  # reductions have several configs: there is something to share
-    assert follower["stats"]["by_cache"]["autotune"]["hits"] == published
+    assert follower["coordesc_runs"] == 0, follower["tuning_trace"]
+    # Same kernels, same configs, same inputs: the same bits.
     assert follower["digest"] == leader["digest"] and follower["loss"] == leader["loss"]
     for name, grad in leader_atomic.items():  # summed by atomic adds: equal up to summation order
         assert torch.allclose(torch.tensor(follower_atomic[name]), torch.tensor(grad), rtol=1e-4, atol=1e-6), name
-    if env.get("TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"):
-        assert follower["static_launcher"] == (env["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == "1")
-    if mode == "max-autotune":
-        assert leader["select_algorithm_autotune"] > 0  # GEMM templates were tuned, once, by the leader
-    if case == "coordinate-descent":
-        assert follower["coordesc"] and leader["coordesc_benchmarks"] > 0

@@ -6,9 +6,10 @@ Both ranks build the same model from the same seed and run the same batch, so eq
 kernels with equal configs must give bitwise-equal loss and gradients. Rank 0 starts
 first (rank 1 waits a second) and so compiles; rank 1 is the follower. Each rank
 writes ``OUT_DIR/rank<R>.json``: FX misses and hits, Triton compiles (cubins a compile
-put into Triton's cache, not ones an FX hit emitted), autotune benchmarks, coordinate
-descent benchmarks, cubins in its Triton cache dir, the coordinator's stats, and a
-SHA-256 of the loss and every gradient.
+put into Triton's cache, not ones an FX hit emitted), the GEMM template selections,
+runtime config searches and coordinate-descent runs it really did (counted by
+wrappers: see ``trace_tuning``), cubins in its Triton cache dir, the coordinator's
+stats, and a SHA-256 of the loss and every gradient.
 """
 
 from __future__ import annotations
@@ -39,6 +40,59 @@ from train import GPT  # noqa: E402
 from coordinator._compat import count_triton_compiles  # noqa: E402
 
 triton_compiles = count_triton_compiles()
+
+
+def trace_tuning() -> dict:
+    """Count the tuning this process really does. Inductor's counters cannot tell: an FX
+    cache hit adds the compile-time counter deltas recorded in the entry
+    (``counters["inductor"] += graph.counter_deltas``), so a follower's counters repeat
+    the leader's GEMM template selections and benchmarks. Counted here instead: GEMM
+    template selections (``AlgorithmSelectorCache.benchmark``), runtime config searches
+    (``CachingAutotuner.benchmark_all_configs``) and coordinate-descent runs, with the
+    first call stacks of each and the first autotune-cache checks, for the tier's log."""
+    import traceback
+
+    from torch._inductor import select_algorithm
+    from torch._inductor.runtime import triton_heuristics as th
+
+    seen: dict = {"template_selections": 0, "runtime_autotunes": 0, "coordesc_runs": 0,
+                  "first_template_selection": None, "first_coordesc": None, "cache_checks": []}
+
+    def stack() -> list[str]:
+        return [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_stack()[-14:-2]]
+
+    def counted(owner, name: str, count: str, first: str | None, describe=None) -> None:
+        original = getattr(owner, name)
+
+        def wrapper(self, *args, **kwargs):
+            seen[count] += 1
+            if first and seen[first] is None:
+                seen[first] = {**(describe(self, *args) if describe else {}), "stack": stack()}
+            return original(self, *args, **kwargs)
+
+        setattr(owner, name, wrapper)
+
+    counted(select_algorithm.AlgorithmSelectorCache, "benchmark", "template_selections", "first_template_selection")
+    counted(th.CachingAutotuner, "benchmark_all_configs", "runtime_autotunes", None)
+    counted(th.CachingAutotuner, "coordinate_descent_tuning", "coordesc_runs", "first_coordesc",
+            lambda self, launcher, *_: {"kernel": self.inductor_meta.get("kernel_name"), "config": str(launcher.config),
+                                        "found_by_coordesc": getattr(launcher.config, "found_by_coordesc", None)})
+    check = th.check_autotune_cache
+
+    def traced_check(configs, filename, inductor_meta):
+        found, cache, info = check(configs, filename, inductor_meta)
+        if len(seen["cache_checks"]) < 10:
+            seen["cache_checks"].append({
+                "kernel": inductor_meta.get("kernel_name"), "configs": len(configs), "returned": len(found),
+                "found_by_coordesc": getattr(found[0], "found_by_coordesc", None) if len(found) == 1 else None,
+                "state": str(info.get("autotune_cache_state"))})
+        return found, cache, info
+
+    th.check_autotune_cache = traced_check
+    return seen
+
+
+tuning = trace_tuning()
 
 
 def main() -> None:
@@ -82,12 +136,13 @@ def main() -> None:
         "fx_misses": inductor.get("fxgraph_cache_miss", 0),
         "fx_hits": inductor.get("fxgraph_cache_hit", 0),
         "triton_compiles": triton_compiles(),
-        "autotune_benchmarks": sum(v for k, v in inductor.items() if k.startswith("benchmarking.")),
-        "select_algorithm_autotune": inductor.get("select_algorithm_autotune", 0),
-        "coordesc_benchmarks": inductor.get("coordesc_tuning_bench", 0),
+        "template_selections": tuning["template_selections"],  # counted, not Inductor's replayed counters
+        "runtime_autotunes": tuning["runtime_autotunes"],
+        "coordesc_runs": tuning["coordesc_runs"],
         "cubins_on_disk": len(list(Path(os.environ["TRITON_CACHE_DIR"]).rglob("*.cubin"))),
-        "counters": {k: v for k, v in inductor.items()},
+        "counters": {k: v for k, v in inductor.items()},  # a follower's include the leader's compile-time deltas
         "stats": coordinator.stats(),
+        "tuning_trace": {k: v for k, v in tuning.items() if not k.endswith(("selections", "autotunes", "runs"))},
         "digest": digest.hexdigest(),
         "atomic_grads": atomic,
         "loss": loss.item(),
