@@ -13,7 +13,7 @@ secret                       COORDINATOR_SECRET              none (checksums onl
 lease                        COORDINATOR_LEASE_S             20 s
 wait_timeout                 COORDINATOR_WAIT_TIMEOUT_S      1800 s
 progress_interval            COORDINATOR_PROGRESS_S          10 s
-autotune_grace               COORDINATOR_AUTOTUNE_GRACE_S    30 s
+autotune_grace               COORDINATOR_AUTOTUNE_GRACE_S    5 s
 namespace                    COORDINATOR_NAMESPACE           ""
 caches                       COORDINATOR_CACHES              all but bundled_autotune
 chunk_bytes                  COORDINATOR_CHUNK_BYTES         64 MiB
@@ -109,10 +109,12 @@ class Config:
     progress_interval: timedelta = timedelta(seconds=10)
     """How often a waiting rank logs a progress line."""
 
-    autotune_grace: timedelta = timedelta(seconds=30)
+    autotune_grace: timedelta = timedelta(seconds=5)
     """How long a rank keeps its claim on a Triton kernel's autotune result after the
     compile: the result comes when the kernel first runs. Ranks waiting for it get it
-    instead of benchmarking; past the grace they benchmark themselves."""
+    instead of benchmarking; past the grace they benchmark themselves. Short, because a
+    claim whose result never comes stalls its waiters for the whole grace (30 s stalls
+    at N=8 on GPUs with the former 30 s; see benchmarks/RESULTS.md)."""
 
     namespace: str = ""
     """Extra key prefix, e.g. a model or team name, for stores shared across jobs."""
