@@ -58,7 +58,8 @@ def worker(args: argparse.Namespace) -> None:
     from torch._inductor.custom_graph_pass import CustomGraphPass
     from train import GPT
 
-    extra_s = args.cold_extra_s if args.job and cache != args.warm_dir else 0.0
+    job = int(os.environ["WORLD_SIZE"]) > 1  # not the one-process fill
+    extra_s = args.cold_extra_s if job and cache != args.warm_dir else 0.0
 
     class SlowCompile(CustomGraphPass):
         """Sleeps ``extra_s`` in each graph this process really compiles (never on a cache hit)."""
@@ -128,7 +129,6 @@ def main() -> None:
     p.add_argument("--cold-extra-s", type=float, default=0.0,
                    help="seconds added to each graph the cold rank compiles (stands in for a slower compile)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--warm-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--log", default=None, help="append the job's output here")
     args = p.parse_args()
@@ -146,7 +146,7 @@ def main() -> None:
         assert fill.returncode == 0, fill.stdout[-3000:]
         fill_s = time.monotonic() - started
         started = time.monotonic()
-        job = torchrun(2, [*model, "--warm-dir", warm, "--job", *(["--coordinator"] if args.coordinator else [])], env)
+        job = torchrun(2, [*model, "--warm-dir", warm, *(["--coordinator"] if args.coordinator else [])], env)
         job_s = time.monotonic() - started
     if args.log:
         with open(args.log, "a") as f:

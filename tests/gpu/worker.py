@@ -55,8 +55,8 @@ def trace_tuning() -> dict:
     from torch._inductor import select_algorithm
     from torch._inductor.runtime import triton_heuristics as th
 
-    seen: dict = {"template_selections": 0, "runtime_autotunes": 0, "coordesc_runs": 0,
-                  "first_template_selection": None, "first_coordesc": None, "cache_checks": []}
+    counts = {"template_selections": 0, "runtime_autotunes": 0, "coordesc_runs": 0}
+    seen: dict = {"counts": counts, "first_template_selection": None, "first_coordesc": None, "cache_checks": []}
 
     def stack() -> list[str]:
         return [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_stack()[-14:-2]]
@@ -65,7 +65,7 @@ def trace_tuning() -> dict:
         original = getattr(owner, name)
 
         def wrapper(self, *args, **kwargs):
-            seen[count] += 1
+            counts[count] += 1
             if first and seen[first] is None:
                 seen[first] = {**(describe(self, *args) if describe else {}), "stack": stack()}
             return original(self, *args, **kwargs)
@@ -136,13 +136,11 @@ def main() -> None:
         "fx_misses": inductor.get("fxgraph_cache_miss", 0),
         "fx_hits": inductor.get("fxgraph_cache_hit", 0),
         "triton_compiles": triton_compiles(),
-        "template_selections": tuning["template_selections"],  # counted, not Inductor's replayed counters
-        "runtime_autotunes": tuning["runtime_autotunes"],
-        "coordesc_runs": tuning["coordesc_runs"],
+        **tuning["counts"],  # template_selections, runtime_autotunes, coordesc_runs: counted, not replayed
         "cubins_on_disk": len(list(Path(os.environ["TRITON_CACHE_DIR"]).rglob("*.cubin"))),
         "counters": {k: v for k, v in inductor.items()},  # a follower's include the leader's compile-time deltas
         "stats": coordinator.stats(),
-        "tuning_trace": {k: v for k, v in tuning.items() if not k.endswith(("selections", "autotunes", "runs"))},
+        "tuning_trace": {k: v for k, v in tuning.items() if k != "counts"},
         "digest": digest.hexdigest(),
         "atomic_grads": atomic,
         "loss": loss.item(),
