@@ -21,6 +21,14 @@ the backend's construction error), and ``config.coordinate_descent_tuning`` with
 ``FxGraphCache._lookup_graph`` / ``_get_tmp_dir_for_key``, ``codecache._worker_compile_cpp`` and
 ``RedisRemoteCache._get_key`` (sharing local cache hits), and the FX remote value format of
 ``FxGraphCache._save_graph``.
+
+Triton tuning hooks (``triton_tuning_hooks``): ``CachingAutotuner.autotune_to_one_config``,
+``coordinate_descent_tuning``, ``recheck_autotune_cache``, ``filename``, ``inductor_meta``,
+``triton_meta["device"]``, a launcher's ``cache_hash`` and ``AutotuneCache.read_best`` read
+from 2.11.0's source on the GPU host (``benchmarks/gpu/logs-2026-11-22-c/``) and from 2.13.0's
+here. On 2.11.0 (H200) the search/descent hold, the winner's Triton entry and the
+``read_best``/``recheck_autotune_cache`` backports ran in the GPU tier; the ``filename`` fix was
+added after the last GPU run and has run on CPU only (its code path needs CUDA).
 """
 
 from __future__ import annotations
@@ -303,11 +311,189 @@ def extend_nccl_timeouts(seconds: float) -> float:
     return float(whole)
 
 
-def coordinate_descent_enabled() -> bool:
-    """Whether Inductor runs coordinate descent after autotuning Triton kernels."""
-    from torch._inductor import config
+def _torch_before(major: int, minor: int) -> bool:
+    import torch
 
-    return bool(config.coordinate_descent_tuning)
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return version < (major, minor)
+
+
+_tuning = threading.local()
+
+
+def defer_autotune_save(publish: Callable[[dict[str, bytes]], None]) -> bool:
+    """Hold an autotune entry Inductor is saving until its kernel's coordinate descent ends.
+
+    Triton kernels tuned at their first launch save a best config after the config
+    search and, when coordinate descent is on for the kernel, again when the descent
+    has refined it. Sharing the first would give other ranks a different config than
+    this rank runs (or, on torch < 2.12, have them run the descent themselves). Inside
+    :func:`triton_tuning_hooks`, while a kernel whose ``inductor_meta`` turns coordinate
+    descent on searches configs or descends, ``publish`` is kept (a later save of the
+    same kernel replaces it) and called when the descent returns, with the Triton cache
+    entry of the config it chose (compiled during the descent, so not in the FX entry).
+
+    Returns:
+        True if held; False if the caller should publish now.
+    """
+    if getattr(_tuning, "stage", None) is None:
+        return False
+    _tuning.pending = publish
+    return True
+
+
+def triton_cache_dir(device: int | None = None) -> str:
+    """Triton's cache dir as Inductor sets it up for ``device`` (``TRITON_CACHE_DIR`` wins;
+    default: the current CUDA device)."""
+    if device is None:
+        import torch
+
+        device = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    try:
+        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir as inductor_triton_cache_dir
+    except ImportError:  # before cache_dir_utils existed
+        from torch._inductor.runtime.runtime_utils import triton_cache_dir as inductor_triton_cache_dir
+    return inductor_triton_cache_dir(device)
+
+
+@contextlib.contextmanager
+def triton_tuning_hooks(on_tuning: Callable[[], None]) -> Iterator[None]:
+    """Watch Triton kernels tune at their first launch, for the duration.
+
+    Wraps ``CachingAutotuner.autotune_to_one_config`` (the config search) and
+    ``CachingAutotuner.coordinate_descent_tuning``: calls ``on_tuning()`` as each starts
+    (the session keeps its autotune claims alive while this rank tunes), and runs the
+    :func:`defer_autotune_save` protocol. On torch < 2.12 also fixes how Inductor
+    restores a config that coordinate descent chose (pytorch/pytorch#172819):
+    :func:`_read_best_fixed` and :func:`_recheck_autotune_cache_fixed`.
+    """
+    from torch._inductor.runtime import triton_heuristics as th
+
+    autotuner = th.CachingAutotuner
+    originals = {name: autotuner.__dict__[name] for name in
+                 ("autotune_to_one_config", "coordinate_descent_tuning", "recheck_autotune_cache")}
+
+    def autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        on_tuning()
+        log.debug("config search for %s (coordinate descent %s)", self.inductor_meta.get("kernel_name"),
+                  self.inductor_meta.get("coordinate_descent_tuning"))
+        if not self.inductor_meta.get("coordinate_descent_tuning"):
+            return originals["autotune_to_one_config"](self, *args, **kwargs)
+        # run() descends next; the descent's wrapper publishes what is held.
+        _tuning.stage, _tuning.pending = "search", None
+        try:
+            return originals["autotune_to_one_config"](self, *args, **kwargs)
+        finally:
+            _tuning.stage = None
+
+    def coordinate_descent_tuning(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+        on_tuning()
+        held_from_search = getattr(_tuning, "pending", None)
+        _tuning.stage, _tuning.pending = "descent", None
+        try:
+            winner = originals["coordinate_descent_tuning"](self, launcher, *args, **kwargs)
+        except BaseException:
+            _tuning.stage = _tuning.pending = None
+            raise
+        descended, _tuning.stage, _tuning.pending = _tuning.pending, None, None
+        log.debug("coordinate descent for %s: %s -> %s; saved %s, held from the search %s",
+                  self.inductor_meta.get("kernel_name"), getattr(launcher, "config", None), getattr(winner, "config", None), descended is not None,
+                  held_from_search is not None)
+        try:  # the coordinator never fails a kernel launch
+            if descended is not None:
+                files: dict[str, bytes] = {}
+                kernel_hash = getattr(winner, "cache_hash", None)
+                if kernel_hash:
+                    from coordinator.artifacts import read_triton_kernel
+
+                    device = self.triton_meta.get("device", 0)
+                    files = read_triton_kernel(os.path.join(triton_cache_dir(device), kernel_hash))
+                descended(files)
+            elif held_from_search is not None:  # this kernel does not descend: the search's result stands
+                held_from_search({})
+        except Exception:
+            log.warning("compile_once: publishing the tuned config of %s failed", self.inductor_meta.get("kernel_name"),
+                        exc_info=True)
+        return winner
+
+    recheck = _recheck_autotune_cache_fixed if _torch_before(2, 12) else originals["recheck_autotune_cache"]
+
+    def recheck_autotune_cache(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # A static autotuner from an FX entry names the kernel file of the process that
+        # compiled it; Inductor derives the kernel's local autotune file from that path.
+        # On one host with per-rank cache dirs, this rank would read the compiling
+        # rank's file, mid-tuning (before coordinate descent). Point it at our own copy.
+        if getattr(self, "filename", None):
+            self.filename = os.path.join(inductor_cache_dir(), *os.path.normpath(self.filename).split(os.sep)[-2:])
+        return recheck(self, *args, **kwargs)
+
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    original_read_best = AutotuneCache.__dict__["read_best"]
+    autotuner.autotune_to_one_config = autotune_to_one_config
+    autotuner.coordinate_descent_tuning = coordinate_descent_tuning
+    autotuner.recheck_autotune_cache = recheck_autotune_cache
+    if _torch_before(2, 12):
+        AutotuneCache.read_best = _read_best_fixed
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(autotuner, name, original)
+        AutotuneCache.read_best = original_read_best
+        _tuning.stage = _tuning.pending = None
+
+
+def _read_best_fixed(self: Any, inductor_meta: dict[str, Any], configs: list[Any]) -> Any:
+    """``AutotuneCache.read_best`` (2.11's body) that keeps ``found_by_coordesc``.
+
+    Before 2.12, a cached config that coordinate descent chose, when it equals one of
+    the kernel's own configs, came back as that config without the flag, so the kernel
+    ran coordinate descent again (seen on 2.11 for 3 of 25 kernels in the GPU tier).
+    """
+    from torch._inductor.runtime import autotune_cache
+
+    best = self._read()
+    log.debug("read_best %s: %s", inductor_meta.get("kernel_name"), best)
+    if not best:
+        return None
+    by_coordesc = bool(inductor_meta.get("coordinate_descent_tuning") and best.get("found_by_coordesc"))
+    config = autotune_cache._load_cached_autotuning(best, self.configs_hash, configs, inductor_meta)
+    if config is not None and by_coordesc:
+        config.found_by_coordesc = True
+    return config
+
+
+def _recheck_autotune_cache_fixed(self: Any, reload_kernel_from_src: Callable[[], Any]) -> None:
+    """``CachingAutotuner.recheck_autotune_cache`` as torch 2.12 fixed it (pytorch#172819).
+
+    Before 2.12, a kernel restored from an FX entry (static CUDA launcher) whose cached
+    config came from coordinate descent forgot that: the cache check was skipped for
+    kernels with one config, and ``found_by_coordesc`` was not carried over to the
+    matching compile result. The kernel then ran coordinate descent again on every
+    rank that loaded it. Same body as 2.11's, with those two fixes.
+    """
+    from torch._inductor.runtime import triton_heuristics as th
+
+    assert self.is_statically_launchable()
+    configs = [result.config for result in self.compile_results]
+    cached_configs, _, autotune_cache_info = th.check_autotune_cache(configs, self.filename, self.inductor_meta)
+    self.autotune_cache_info = autotune_cache_info
+    if len(cached_configs) != 1:  # 2.11: also required len(configs) > 1
+        return
+    best_config = cached_configs[0]
+    found_by_coordesc = getattr(best_config, "found_by_coordesc", False)
+    best_config_hash = th.triton_config_to_hashable(best_config)
+    for compile_result in self.compile_results:
+        if th.triton_config_to_hashable(compile_result.config) == best_config_hash:
+            compile_result.config.found_by_coordesc = found_by_coordesc  # 2.11 dropped it
+            self.compile_results = [compile_result]
+            return
+    if found_by_coordesc:  # chosen by a descent: not among the compiled configs
+        with th.dynamo_timed("CachingAutotuner.slow_precompile_config"):
+            if self.fn.fn is None:
+                self.fn = reload_kernel_from_src().fn
+            self.compile_results = [self._precompile_config(best_config)]
 
 
 def count_triton_compiles() -> Callable[[], int]:

@@ -13,6 +13,14 @@ receives the entry writes them into its own cache dir before Inductor loads the
 graph, each through a temporary file and an atomic rename (as
 ``TritonBundler.read_and_emit`` does for cubins), so it never runs a compiler and a
 concurrent reader never sees half a library.
+
+On GPUs the FX entry carries its Triton kernels itself (Inductor's Triton bundling),
+except one kind: a kernel that coordinate descent tunes at its first launch, after
+the entry was saved, gets its winning config compiled then. That kernel's Triton
+cache entry (``<triton cache dir>/<hash>/``: cubin, metadata, group file) travels
+with the autotune entry instead (:func:`read_triton_kernel`), and the receiver writes
+it into its own Triton cache dir as one directory rename (:func:`emit_triton_kernels`),
+so Triton finds it there instead of compiling.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import uuid
 
 log = logging.getLogger(__name__)
@@ -30,6 +39,12 @@ AUTOTUNE_SUFFIXES = (".best_config",)
 _REL_PATH = re.compile(r"^[a-z0-9]{2}/[A-Za-z0-9_.]+$")
 #: File times can trail the claim by a little on coarse-grained filesystems.
 _MTIME_SLACK_S = 1.0
+#: Files of Triton cache entries travel as ``triton/<kernel hash>/<file name>``.
+TRITON_PREFIX = "triton/"
+_TRITON_REL = re.compile(r"^triton/([A-Za-z0-9_-]+)/([A-Za-z0-9_.-]+)$")
+#: Stands for the kernel's directory in the JSON files of a Triton cache entry, which
+#: name their cubin and metadata by absolute path (as ``TritonBundler`` does).
+_DIR_PLACEHOLDER = b"@coordinator-triton-kernel-dir@"
 
 
 def collect_kernels(cache_dir: str, since: float, suffixes: tuple[str, ...] = KERNEL_SUFFIXES) -> dict[str, bytes]:
@@ -95,4 +110,69 @@ def emit_kernels(cache_dir: str, files: dict[str, bytes], suffixes: tuple[str, .
         os.chmod(tmp, 0o755)
         os.replace(tmp, path)
         written += 1
+    return written
+
+
+def read_triton_kernel(directory: str) -> dict[str, bytes]:
+    """The files of one Triton cache entry (``<triton cache dir>/<kernel hash>/``).
+
+    Returns:
+        ``{"triton/<kernel hash>/<file name>": bytes}``, the directory's own path in
+        JSON files replaced by a placeholder; empty if the directory is missing.
+    """
+    name = os.path.basename(os.path.normpath(directory))
+    found: dict[str, bytes] = {}
+    try:
+        items = list(os.scandir(directory))
+    except FileNotFoundError:
+        return found
+    for item in items:
+        rel = f"{TRITON_PREFIX}{name}/{item.name}"
+        if not item.is_file() or not _TRITON_REL.match(rel):
+            continue
+        with open(item.path, "rb") as f:
+            data = f.read()
+        if item.name.endswith(".json"):
+            data = data.replace(os.path.normpath(directory).encode(), _DIR_PLACEHOLDER)
+        found[rel] = data
+    return found
+
+
+def emit_triton_kernels(triton_dir: str, files: dict[str, bytes]) -> int:
+    """Write the Triton cache entries among ``files`` into ``triton_dir``.
+
+    Each entry is written into a temporary directory and renamed into place, so a
+    concurrent Triton never sees half of one; an entry already present is kept.
+
+    Returns:
+        The number of Triton cache entries written.
+    """
+    kernels: dict[str, dict[str, bytes]] = {}
+    for rel, data in files.items():
+        match = _TRITON_REL.match(rel)
+        if match is None:
+            log.warning("ignoring unexpected Triton cache path %r in a received entry", rel)
+            continue
+        kernels.setdefault(match.group(1), {})[match.group(2)] = data
+    written = 0
+    for name, contents in kernels.items():
+        target = os.path.join(triton_dir, name)
+        if os.path.isdir(target) and os.listdir(target):
+            continue
+        os.makedirs(triton_dir, exist_ok=True)
+        tmp = os.path.join(triton_dir, f"tmp.coordinator.{uuid.uuid4().hex}")
+        os.makedirs(tmp)
+        try:
+            for filename, data in contents.items():
+                if filename.endswith(".json"):
+                    data = data.replace(_DIR_PLACEHOLDER, os.path.normpath(target).encode())
+                with open(os.path.join(tmp, filename), "wb") as f:
+                    f.write(data)
+            os.replace(tmp, target)
+            written += 1
+        except OSError:  # another process put it there first
+            if not (os.path.isdir(target) and os.listdir(target)):
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return written

@@ -7,7 +7,8 @@ backend class bound to the session, and turn on the config switches that make
 Inductor consult those caches; ``_compat.routed_remote_caches`` restores it all on
 exit. Inductor keeps doing what it does on any remote hit: write the entry to its
 local cache, emit bundled Triton kernels, extend NCCL timeouts. FX graphs Inductor
-serves from its local cache are reported to the session too (``Session.fx_graph_served``).
+serves from its local cache are reported to the session too (``Session.fx_graph_served``),
+and Triton kernels tuning at their first launch too (``_compat.triton_tuning_hooks``).
 """
 
 from __future__ import annotations
@@ -54,5 +55,6 @@ def route_caches(session: Session) -> Iterator[None]:
         _compat.routed_remote_caches(backends),
         _compat.on_compile_end(session.compile_ended),
         _compat.on_fx_graph_served(session.fx_graph_served) if share else contextlib.nullcontext(),
+        _compat.triton_tuning_hooks(session.tuning_started) if "autotune" in backends else contextlib.nullcontext(),
     ):
         yield

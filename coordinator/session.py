@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 from coordinator import _compat
-from coordinator.artifacts import collect_kernels, emit_kernels, read_kernels
+from coordinator.artifacts import TRITON_PREFIX, collect_kernels, emit_kernels, emit_triton_kernels, read_kernels
 from coordinator.config import Config
 from coordinator.errors import IntegrityError, StoreError, WaitTimeout
 from coordinator.fingerprint import fingerprint
@@ -46,8 +46,6 @@ log = logging.getLogger(__name__)
 BLOCKING_KINDS = frozenset({"fx_graph", "autotune", "bundled_autotune"})
 
 _TIME_TAKEN = re.compile(rb'"time_taken_ms":\s*(\d+)')
-#: In an autotune entry saved before coordinate descent ran (Inductor's AutotuneCache.save).
-_PRE_COORDESC = b'"found_by_coordesc": false'
 
 
 def _current_rank() -> int:
@@ -202,7 +200,7 @@ class Session:
         kernels = 0
         if sealed.files:
             try:
-                kernels = emit_kernels(_compat.inductor_cache_dir(), sealed.files)
+                kernels = self._emit_files(sealed.files)
             except OSError as exc:
                 log.warning("compile_once: could not write received kernels (%s); Inductor will compile them", exc)
         saved_s = sealed.meta.get("time_taken_ms", 0) / 1000.0
@@ -215,7 +213,8 @@ class Session:
         else:
             extension = _compat.extend_nccl_timeouts(saved_s)
         self.stats.record_hit(kind, len(result.value), saved_s, extension, kernels)
-        log.debug("compile_once: %s hit %s (%s, %d kernels)", kind, key, result.outcome, kernels)
+        log.debug("compile_once: %s hit %s (%s, %d kernels): %s", kind, key, result.outcome, kernels,
+                  sealed.payload[:100] if kind == "autotune" else "")
         return sealed.payload
 
     def put(self, kind: str, inductor_key: str, data: bytes) -> None:
@@ -224,12 +223,15 @@ class Session:
         if flight is None:
             return
         key = self._key(kind, inductor_key)
-        if kind == "autotune" and _PRE_COORDESC in data and _compat.coordinate_descent_enabled():
-            # Triton saves twice: after the config search, then after coordinate descent
-            # refines it. Publishing the first would send waiters off to run coordinate
-            # descent themselves; the claim stays for the second (or its grace ends).
-            log.debug("compile_once: holding %s until coordinate descent saves", key)
+        if kind == "autotune" and _compat.defer_autotune_save(
+            lambda files: self._publish(flight, kind, key, data, files)
+        ):
+            # Saved before coordinate descent refines it (or by the descent, whose
+            # chosen kernel is known when it returns): the claim stays until then.
+            log.debug("compile_once: holding %s until coordinate descent ends: %s", key, data[:160])
             return
+        if kind == "autotune":
+            log.debug("compile_once: publishing %s now: %s", key, data[:160])
         files: dict[str, bytes] = {}
         missed_at = self._miss_times.pop(key, None)
         since = flight.claim_started(key) or missed_at
@@ -280,6 +282,20 @@ class Session:
             raise
         self.stats.record_shared_from_local()
         log.info("compile_once: shared FX graph %s from this rank's local cache (%d kernel files)", key, len(files))
+
+    def _emit_files(self, files: dict[str, bytes]) -> int:
+        """Write received kernel files into this rank's caches; returns how many."""
+        triton = {rel: data for rel, data in files.items() if rel.startswith(TRITON_PREFIX)}
+        written = emit_kernels(_compat.inductor_cache_dir(), {rel: data for rel, data in files.items() if rel not in triton})
+        if triton:
+            written += emit_triton_kernels(_compat.triton_cache_dir(), triton)
+        return written
+
+    def tuning_started(self) -> None:
+        """This rank began tuning a Triton kernel at its first launch: autotune claims
+        kept after the compile stay another ``config.autotune_grace``."""
+        if self._flight is not None:
+            self._flight.extend_kept(self.config.autotune_grace.total_seconds())
 
     def _publish(self, flight: Singleflight, kind: str, key: str, data: bytes, files: dict[str, bytes]) -> None:
         match = _TIME_TAKEN.search(data[-256:])

@@ -324,6 +324,15 @@ class Singleflight:
             self._ensure_heartbeat()
         return len(keys) - len(kept)
 
+    def extend_kept(self, grace: float) -> None:
+        """Give claims kept by :meth:`abandon_all` at least ``grace`` more seconds: the
+        rank is still producing their values (tuning one kernel after another)."""
+        deadline = time.monotonic() + grace
+        with self._lock:
+            for claim in self._claims.values():
+                if claim.abandon_at is not None and claim.abandon_at < deadline:
+                    claim.abandon_at = deadline
+
     def _drop_claim(self, key: str, *, delete: bool) -> None:
         with self._lock:
             claim = self._claims.pop(key, None)

@@ -108,29 +108,3 @@ def test_fingerprint_namespaces_environments():
     assert "torch: 2.11.0 != " in describe_difference(ours, theirs)
     assert "gpu: NVIDIA H200 sm_90 != none" in describe_difference(ours, theirs)
     assert len(fingerprint()) == 16
-
-
-def test_autotune_entry_waits_for_coordinate_descent(tmp_path, monkeypatch):
-    """With coordinate descent on, Triton saves a kernel's config twice; only the refined one is shared."""
-    from torch._inductor import config as inductor_config
-    from torch._inductor.remote_cache import RemoteCacheJsonSerde
-
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "node"))
-    session = _session(f"file://{tmp_path / 'store'}")
-    store = session.flight().store  # opened first: keys carry the store's namespace
-    key = session._key("autotune", "triton_red_fused_0")
-
-    def saved(found_by_coordesc: bool) -> bytes:  # what Inductor's AutotuneCache.save sends
-        return RemoteCacheJsonSerde().encode({"XBLOCK": 64, "num_warps": 4, "num_stages": 1, "configs_hash": "h",
-                                              "found_by_coordesc": found_by_coordesc, "time_taken_ms": 12})
-
-    monkeypatch.setattr(inductor_config, "coordinate_descent_tuning", True)
-    session.put("autotune", "triton_red_fused_0", saved(False))
-    assert store.get(f"v/{key}") is None  # held back: coordinate descent runs next
-    session.put("autotune", "triton_red_fused_0", saved(True))
-    assert b'"found_by_coordesc": true' in store.get(f"v/{key}")
-
-    monkeypatch.setattr(inductor_config, "coordinate_descent_tuning", False)  # no second save coming
-    session.put("autotune", "triton_red_fused_1", saved(False))
-    assert store.get(f"v/{session._key('autotune', 'triton_red_fused_1')}") is not None
-    session.close()

@@ -8,10 +8,11 @@ and both ranks, running the same kernels with the same configs on the same input
 produce bitwise-equal loss and gradients. ``tests/gpu/run.sh`` runs this tier on the
 GPU host and keeps its log.
 
-On torch < 2.12 the coordinate-descent and max-autotune cases end as xfail once
-everything else is checked, if the follower re-ran coordinate descent: Inductor then
-forgets, for kernels restored from an FX entry, that their cached config came from
-coordinate descent (pytorch/pytorch#172819, fixed upstream by #173391).
+With coordinate descent (on its own, or in max-autotune), kernels pick their final
+config at their first launch, after the FX entry was saved: the leader shares the
+descent's result only, with the winning kernel's Triton cache entry, and on torch <
+2.12 the coordinator fixes Inductor's restore of such configs (pytorch/pytorch#172819,
+fixed upstream by #173391), without which every follower re-ran the descent.
 """
 
 from __future__ import annotations
@@ -31,13 +32,12 @@ pytestmark = [
 ]
 WORKER = str(Path(__file__).with_name("worker.py"))
 ROOT = Path(__file__).resolve().parents[2]
-TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 
 CASES = {
     "default-static-launcher": ("default", {"TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER": "1"}),
-    "default-triton-launcher": ("default", {"TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER": "0"}),
-    "max-autotune": ("max-autotune", {}),
     "coordinate-descent": ("default", {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}),
+    "default-triton-launcher": ("default", {"TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER": "0"}),
+    "max-autotune": ("max-autotune", {}),  # the longest: last
 }
 
 
@@ -74,13 +74,6 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
     follower_autotune = follower["stats"]["by_cache"]["autotune"]
     assert follower_autotune["misses"] == 0 and follower_autotune["hits"] > 0, follower_autotune
 
-    if follower["coordesc_runs"] and TORCH < (2, 12):
-        # Inductor before 2.12 drops a cached config's found_by_coordesc when it restores a
-        # kernel's static autotuner from an FX entry, so the kernel runs coordinate descent
-        # again (pytorch/pytorch#172819, fixed by #173391). Seen on 2.11: the follower got
-        # every best_config (found_by_coordesc true in the cache) and re-ran the descent,
-        # with its Triton compiles, and its configs, hence bits, can differ from the leader's.
-        pytest.xfail(f"torch {torch.__version__}: coordinate descent re-runs on FX-cache loads (pytorch#172819)")
     if case == "default-triton-launcher":
         # Seen on torch 2.11: without the static launcher, loading the received kernels still
         # runs some Triton compiles (25 against the leader's 32); not zero yet, but fewer.

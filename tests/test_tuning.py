@@ -1,0 +1,167 @@
+"""Triton kernels tuned at their first launch: what a rank shares, and when.
+
+Triton tuning runs only on a GPU; the GPU tier (``tests/gpu``) runs it for real. Here,
+on CPU, the two pieces that are plain Python and files are checked against a real
+store and real directories: the Triton cache entry that travels with an autotune
+entry, and the hold-until-the-descent-ends protocol of ``_compat.triton_tuning_hooks``,
+driven through ``CachingAutotuner``'s own method names by stand-ins that save as
+Inductor's ``AutotuneCache.save`` does (the real methods need CUDA).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from coordinator import Config, _compat
+from coordinator.artifacts import emit_triton_kernels, read_triton_kernel
+from coordinator.session import Session
+
+
+def fake_triton_entry(triton_dir, name="ABCD1234", kernel="triton_red_fused_0"):
+    """A Triton cache entry as Triton 3.x writes one: binaries plus JSON naming them by absolute path."""
+    directory = triton_dir / name
+    directory.mkdir(parents=True)
+    (directory / f"{kernel}.cubin").write_bytes(b"\x7fELF cubin " + name.encode())
+    (directory / f"{kernel}.json").write_text(json.dumps({"name": kernel, "num_warps": 4}))
+    (directory / f"__grp__{kernel}.json").write_text(json.dumps({"child_paths": {
+        f"{kernel}.cubin": str(directory / f"{kernel}.cubin"), f"{kernel}.json": str(directory / f"{kernel}.json")}}))
+    return directory
+
+
+def test_triton_entry_travels_and_lands_at_the_receivers_path(tmp_path, caplog):
+    sent = read_triton_kernel(str(fake_triton_entry(tmp_path / "leader")))
+    assert sorted(sent) == ["triton/ABCD1234/__grp__triton_red_fused_0.json", "triton/ABCD1234/triton_red_fused_0.cubin",
+                            "triton/ABCD1234/triton_red_fused_0.json"]
+    assert str(tmp_path / "leader").encode() not in b"".join(sent.values())  # no sender path travels
+
+    receiver = tmp_path / "follower" / "triton"
+    assert emit_triton_kernels(str(receiver), sent) == 1
+    group = json.loads((receiver / "ABCD1234" / "__grp__triton_red_fused_0.json").read_text())
+    for child in group["child_paths"].values():  # Triton opens these: they must be the receiver's own files
+        assert child.startswith(str(receiver / "ABCD1234")) and os.path.exists(child)
+    assert (receiver / "ABCD1234" / "triton_red_fused_0.cubin").read_bytes() == b"\x7fELF cubin ABCD1234"
+    assert not [p for p in receiver.iterdir() if p.name.startswith("tmp.")]  # the temp dir was renamed, not left
+
+    (receiver / "ABCD1234" / "triton_red_fused_0.cubin").write_bytes(b"local")
+    assert emit_triton_kernels(str(receiver), sent) == 0  # an entry already there is kept
+    assert (receiver / "ABCD1234" / "triton_red_fused_0.cubin").read_bytes() == b"local"
+
+    with caplog.at_level(logging.WARNING, logger="coordinator"):
+        assert emit_triton_kernels(str(receiver), {"triton/../../etc/x": b"", "triton/X/../../y": b""}) == 0
+    assert caplog.text.count("unexpected Triton cache path") == 2
+    assert read_triton_kernel(str(tmp_path / "missing")) == {}
+
+
+class StandInTuner:
+    """Saves as Inductor's CachingAutotuner does: a config search saves its pick; a
+    coordinate descent compiles configs into the Triton cache and saves its winner."""
+
+    def __init__(self, session: Session, name: str, triton_dir, coordesc: bool, descends: bool = True):
+        self.session, self.name, self.triton_dir, self.descends = session, name, triton_dir, descends
+        self.inductor_meta = {"coordinate_descent_tuning": coordesc, "kernel_name": name}
+        self.triton_meta = {"device": 0}
+
+    def save(self, config: dict, found_by_coordesc: bool) -> None:
+        data = json.dumps({**config, "configs_hash": "h", "found_by_coordesc": found_by_coordesc, "time_taken_ms": 9})
+        self.session.put("autotune", self.name, data.encode())
+
+    def autotune_to_one_config(self):
+        self.save({"XBLOCK": 64, "num_warps": 4}, found_by_coordesc=False)
+
+    def coordinate_descent_tuning(self, launcher):
+        if not self.descends:  # not eligible (a template kernel, say): no save
+            return launcher
+        fake_triton_entry(self.triton_dir, name=f"WIN{self.name[-1]}", kernel=self.name)
+        self.save({"XBLOCK": 128, "num_warps": 8}, found_by_coordesc=True)
+        return SimpleNamespace(cache_hash=f"WIN{self.name[-1]}")
+
+    def first_launch(self) -> None:  # CachingAutotuner.run's order
+        self.autotune_to_one_config()
+        if self.inductor_meta["coordinate_descent_tuning"]:
+            self.coordinate_descent_tuning(SimpleNamespace(cache_hash="SEARCH"))
+
+
+@pytest.fixture
+def tuning(tmp_path, monkeypatch):
+    """A leader session with the tuning hooks around stand-in tuner methods, and a reader."""
+    from torch._inductor.runtime import triton_heuristics as th
+
+    triton_dir = tmp_path / "leader-triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_dir))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "leader-node"))
+    for name in ("autotune_to_one_config", "coordinate_descent_tuning"):
+        monkeypatch.setattr(th.CachingAutotuner, name, getattr(StandInTuner, name))
+    monkeypatch.setattr(_compat, "_torch_before", lambda *version: False)  # no recheck backport: no CUDA here
+    url = f"file://{tmp_path / 'store'}"
+    leader = Session(Config(store=url))
+    store = leader.flight().store
+
+    def published(name: str) -> dict | None:
+        from coordinator.integrity import open_sealed
+
+        blob = store.get(f"v/{leader._key('autotune', name)}")
+        return None if blob is None else open_sealed(leader._key("autotune", name), blob)
+
+    with _compat.triton_tuning_hooks(leader.tuning_started):
+        yield SimpleNamespace(leader=leader, published=published, triton_dir=triton_dir, url=url,
+                              tuner=lambda name, **kw: StandInTuner(leader, name, triton_dir, **kw),
+                              call=lambda tuner, method, *a: getattr(th.CachingAutotuner, method)(tuner, *a))
+    leader.close()
+
+
+def test_descent_result_is_shared_with_its_kernel_and_the_search_result_never(tuning, tmp_path, monkeypatch):
+    tuner = tuning.tuner("triton_red_fused_0", coordesc=True)
+    tuning.call(tuner, "autotune_to_one_config")
+    assert tuning.published("triton_red_fused_0") is None  # the descent refines it next: held
+    tuning.call(tuner, "coordinate_descent_tuning", SimpleNamespace(cache_hash="SEARCH"))
+    sealed = tuning.published("triton_red_fused_0")
+    assert json.loads(sealed.payload) == {"XBLOCK": 128, "num_warps": 8, "configs_hash": "h",
+                                          "found_by_coordesc": True, "time_taken_ms": 9}
+    assert sorted(sealed.files) == ["triton/WIN0/__grp__triton_red_fused_0.json", "triton/WIN0/triton_red_fused_0.cubin",
+                                    "triton/WIN0/triton_red_fused_0.json"]
+
+    # A follower gets the descent's config, and the winning kernel lands in its Triton cache.
+    follower_triton = tmp_path / "follower-triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(follower_triton))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "follower-node"))
+    follower = Session(Config(store=tuning.url))
+    assert json.loads(follower.get("autotune", "triton_red_fused_0"))["found_by_coordesc"] is True
+    assert (follower_triton / "WIN0" / "triton_red_fused_0.cubin").read_bytes() == b"\x7fELF cubin WIN0"
+    assert follower.stats.as_dict()["kernels_received"] == 1
+    follower.close()
+
+
+def test_kernels_without_a_descent_publish_their_search_result(tuning):
+    plain = tuning.tuner("triton_poi_fused_1", coordesc=False)
+    tuning.call(plain, "autotune_to_one_config")
+    assert json.loads(tuning.published("triton_poi_fused_1").payload)["XBLOCK"] == 64  # published at once
+
+    ineligible = tuning.tuner("triton_tem_fused_2", coordesc=True, descends=False)
+    tuning.call(ineligible, "autotune_to_one_config")
+    assert tuning.published("triton_tem_fused_2") is None
+    tuning.call(ineligible, "coordinate_descent_tuning", SimpleNamespace(cache_hash="SEARCH"))
+    sealed = tuning.published("triton_tem_fused_2")  # the descent declined: the search's pick stands
+    assert json.loads(sealed.payload)["XBLOCK"] == 64 and sealed.files == {}
+
+
+def test_tuning_keeps_unpublished_autotune_claims_alive(tuning):
+    """Kernels tune one after another at the first launch; a kept claim's grace counts
+    from the last tuning this rank started, not from the end of its compile."""
+    key = tuning.leader._key("autotune", "triton_poi_fused_9")
+    leader = tuning.leader.flight()
+    leader.lookup(key, blocking=True)  # claimed during the compile
+    leader.abandon_all(keep=lambda key: True, grace=1.0)  # the compile ended, unpublished
+    time.sleep(0.7)
+    tuning.call(tuning.tuner("triton_poi_fused_3", coordesc=False), "autotune_to_one_config")  # still tuning
+    threading.Timer(1.5, leader.publish, (key, b"best")).start()  # past the first grace
+    follower = Session(Config(store=tuning.url)).flight()
+    r = follower.lookup(key, blocking=True)
+    assert (r.value, r.outcome) == (b"best", "waited")
+    follower.close()
