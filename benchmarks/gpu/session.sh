@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu/session.sh tier      # the GPU test tier (tests/gpu/run.sh)
 #   bash benchmarks/gpu/session.sh n2        # cold start, N=2 (NCCL), rows $ROWS (default a d e c f)
 #   bash benchmarks/gpu/session.sh n8        # cold start, N=8 emulated on 2 GPUs (gloo), rows $ROWS (default a d e)
+#   bash benchmarks/gpu/session.sh large     # cold start, N=2, the 12-layer GPT (d=768, T=512), rows $ROWS (default a d e)
 # Each step stops at BUDGET_S seconds (default 570), so that one device call (10 minutes at
 # most) returns what it measured; cold_start.py saves its table after every row.
 set -uo pipefail
@@ -14,9 +15,10 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 START=$SECONDS
 left() { echo $(( ${BUDGET_S:-570} - (SECONDS - START) )); }
 SMALL="--dim 512 --seq 256 --layers 4"
+LARGE="--dim 768 --seq 512 --layers 12"
 REFS=benchmarks/results/gpu-small-default-references.json
 
-case "${1:?timeout | tier | n2 | n8}" in
+case "${1:?timeout | tier | n2 | n8 | large}" in
   timeout)
     for flag in "" --coordinator; do
       timeout 150 python3 benchmarks/timeout_scenario.py --timeout 10 $SMALL --cold-extra-s 8 $flag \
@@ -36,6 +38,12 @@ case "${1:?timeout | tier | n2 | n8}" in
     label=${LABEL:-gpu-small-n8}
     timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks 8 --repeat "${REPEAT:-3}" \
       --rows ${ROWS:-a d e} --references "$REFS" --out "$OUT/$label.md" -- $SMALL 2>&1 | tee "$OUT/$label.log"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    ;;
+  large)
+    label=${LABEL:-gpu-large-n2}
+    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks 2 --repeat "${REPEAT:-3}" \
+      --rows ${ROWS:-a d e} --out "$OUT/$label.md" -- $LARGE 2>&1 | tee "$OUT/$label.log"
     cp "benchmarks/results/$label.json" "$OUT/"
     ;;
 esac
