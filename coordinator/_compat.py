@@ -397,8 +397,8 @@ def triton_tuning_hooks(on_tuning: Callable[[], None]) -> Iterator[None]:
             raise
         descended, _tuning.stage, _tuning.pending = _tuning.pending, None, None
         log.debug("coordinate descent for %s: %s -> %s; saved %s, held from the search %s",
-                  self.inductor_meta.get("kernel_name"), getattr(launcher, "config", None), getattr(winner, "config", None), descended is not None,
-                  held_from_search is not None)
+                  self.inductor_meta.get("kernel_name"), getattr(launcher, "config", None),
+                  getattr(winner, "config", None), descended is not None, held_from_search is not None)
         try:  # the coordinator never fails a kernel launch
             if descended is not None:
                 files: dict[str, bytes] = {}
@@ -416,7 +416,8 @@ def triton_tuning_hooks(on_tuning: Callable[[], None]) -> Iterator[None]:
                         exc_info=True)
         return winner
 
-    recheck = _recheck_autotune_cache_fixed if _torch_before(2, 12) else originals["recheck_autotune_cache"]
+    backport = _torch_before(2, 12)  # pytorch#172819 is fixed from 2.12
+    recheck = _recheck_autotune_cache_fixed if backport else originals["recheck_autotune_cache"]
 
     def recheck_autotune_cache(self: Any, *args: Any, **kwargs: Any) -> Any:
         # A static autotuner from an FX entry names the kernel file of the process that
@@ -433,7 +434,7 @@ def triton_tuning_hooks(on_tuning: Callable[[], None]) -> Iterator[None]:
     autotuner.autotune_to_one_config = autotune_to_one_config
     autotuner.coordinate_descent_tuning = coordinate_descent_tuning
     autotuner.recheck_autotune_cache = recheck_autotune_cache
-    if _torch_before(2, 12):
+    if backport:
         AutotuneCache.read_best = _read_best_fixed
     try:
         yield

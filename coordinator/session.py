@@ -286,7 +286,8 @@ class Session:
     def _emit_files(self, files: dict[str, bytes]) -> int:
         """Write received kernel files into this rank's caches; returns how many."""
         triton = {rel: data for rel, data in files.items() if rel.startswith(TRITON_PREFIX)}
-        written = emit_kernels(_compat.inductor_cache_dir(), {rel: data for rel, data in files.items() if rel not in triton})
+        cpu = {rel: data for rel, data in files.items() if rel not in triton}
+        written = emit_kernels(_compat.inductor_cache_dir(), cpu)
         if triton:
             written += emit_triton_kernels(_compat.triton_cache_dir(), triton)
         return written

@@ -37,8 +37,8 @@ def fake_triton_entry(triton_dir, name="ABCD1234", kernel="triton_red_fused_0"):
 
 def test_triton_entry_travels_and_lands_at_the_receivers_path(tmp_path, caplog):
     sent = read_triton_kernel(str(fake_triton_entry(tmp_path / "leader")))
-    assert sorted(sent) == ["triton/ABCD1234/__grp__triton_red_fused_0.json", "triton/ABCD1234/triton_red_fused_0.cubin",
-                            "triton/ABCD1234/triton_red_fused_0.json"]
+    assert sorted(sent) == ["triton/ABCD1234/__grp__triton_red_fused_0.json",
+                            "triton/ABCD1234/triton_red_fused_0.cubin", "triton/ABCD1234/triton_red_fused_0.json"]
     assert str(tmp_path / "leader").encode() not in b"".join(sent.values())  # no sender path travels
 
     receiver = tmp_path / "follower" / "triton"
@@ -124,8 +124,8 @@ def test_descent_result_is_shared_with_its_kernel_and_the_search_result_never(tu
     sealed = tuning.published("triton_red_fused_0")
     assert json.loads(sealed.payload) == {"XBLOCK": 128, "num_warps": 8, "configs_hash": "h",
                                           "found_by_coordesc": True, "time_taken_ms": 9}
-    assert sorted(sealed.files) == ["triton/WIN0/__grp__triton_red_fused_0.json", "triton/WIN0/triton_red_fused_0.cubin",
-                                    "triton/WIN0/triton_red_fused_0.json"]
+    assert sorted(sealed.files) == ["triton/WIN0/__grp__triton_red_fused_0.json",
+                                    "triton/WIN0/triton_red_fused_0.cubin", "triton/WIN0/triton_red_fused_0.json"]
 
     # A follower gets the descent's config, and the winning kernel lands in its Triton cache.
     follower_triton = tmp_path / "follower-triton"
