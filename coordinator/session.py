@@ -37,6 +37,7 @@ from coordinator.node import NodeCache
 from coordinator.singleflight import LookupResult, Owner, Singleflight
 from coordinator.stats import Stats
 from coordinator.stores import Store, open_store
+from coordinator.stores.base import TimedStore
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,8 @@ class Session:
 
     def _open(self) -> Singleflight | None:
         try:
-            store = open_store(self.config.store, chunk_bytes=self.config.chunk_bytes)
+            store = TimedStore(open_store(self.config.store, chunk_bytes=self.config.chunk_bytes),
+                               self.stats.record_store_call)
         except StoreError as exc:
             if not self._told_no_store:
                 log.info("compile_once: no store yet (%s); compiling locally until there is one", exc)
@@ -187,6 +189,7 @@ class Session:
         if result.outcome == "unavailable":
             self.stats.store_failed = True
         if result.value is None:
+            log.debug("compile_once: %s miss %s (%s)", kind, key, result.outcome)
             self._note_miss(kind, key)
             self.stats.record_miss(kind)
             return None

@@ -36,6 +36,8 @@ class Stats:
         self.timeout_extension_s = 0.0
         self.store_failed = False
         self.store_fetches = 0
+        self.store_calls = 0
+        self.store_s = 0.0
         self.shared_from_local = 0
         self.store = "none"
 
@@ -65,6 +67,11 @@ class Stats:
         with self._lock:
             self.store_fetches += 1
 
+    def record_store_call(self, seconds: float) -> None:
+        with self._lock:
+            self.store_calls += 1
+            self.store_s += seconds
+
     def record_wait(self, seconds: float) -> None:
         with self._lock:
             self.waited_s += seconds
@@ -87,6 +94,8 @@ class Stats:
                 "rejected": sum(c.rejected for c in self.kinds.values()),
                 "store_failed": self.store_failed,
                 "store_fetches": self.store_fetches,
+                "store_calls": self.store_calls,
+                "store_s": round(self.store_s, 3),
                 "by_cache": {kind: dataclasses.asdict(c) for kind, c in sorted(self.kinds.items())},
             }
 
@@ -96,5 +105,6 @@ class Stats:
             f"compile_once rank {d['rank']}: {d['graphs_compiled']} graphs compiled locally, "
             f"{d['graphs_received']} received, {d['graphs_shared_from_local_cache']} shared from its local cache; waited {d['waited_s']:.1f}s; "
             f"received {d['bytes_received'] / 1e6:.2f} MB; compile time saved {d['compile_time_saved_s']:.1f}s; "
-            f"NCCL timeout extended by {d['timeout_extension_s']:.0f}s; rejected {d['rejected']}; store {d['store']}"
+            f"NCCL timeout extended by {d['timeout_extension_s']:.0f}s; rejected {d['rejected']}; "
+            f"store {d['store']} ({d['store_calls']} calls, {d['store_s']:.1f}s)"
         )

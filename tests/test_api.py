@@ -39,6 +39,8 @@ def test_hooks_are_installed_and_restored(tmp_path):
         assert cache.get("somekey") == {"data": "eA==", "time_taken_ms": 1234}
         assert cache.get("missing") is None
         assert session.stats.as_dict()["by_cache"]["fx_graph"]["published"] == 1
+        # Every store call went through the session's timing: the put, the hit, the miss.
+        assert session.stats.as_dict()["store_calls"] >= 3 and session.stats.as_dict()["store_s"] > 0
         with pytest.raises(CoordinatorError, match="already active"):
             with coordinator.compile_once():
                 pass

@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 
 from coordinator import ConfigError, StoreError, WaitTimeout, open_store
+from coordinator.stores.base import TimedStore
 from coordinator.stores.c10d import C10dStore
 from coordinator.stores.redis import RedisStore
 
@@ -155,6 +156,28 @@ def test_dead_tcp_store_raises_store_error():
     del master
     with pytest.raises(StoreError):
         s.get("k")
+
+
+def test_timed_store_reports_every_call(store):
+    took = []
+    timed = TimedStore(store, took.append)
+    assert timed.name == store.name
+    timed.set("t/k", b"v" * 10000)
+    assert timed.get("t/k") == b"v" * 10000
+    assert timed.add_if_absent("t/claim", b"1") is True
+    timed.delete("t/k")
+    assert timed.get("t/k") is None
+    assert len(took) == 5 and all(seconds >= 0 for seconds in took) and sum(took) > 0
+
+
+def test_timed_store_reports_failed_calls_and_passes_the_error_on(redis_server):
+    took = []
+    timed = TimedStore(RedisStore(redis_server.url, timeout=timedelta(seconds=1)), took.append)
+    timed.set("k", b"v")
+    redis_server.kill()
+    with pytest.raises(StoreError, match="redis GET failed"):
+        timed.get("k")
+    assert len(took) == 2
 
 
 def test_open_store_choices(tmp_path):
