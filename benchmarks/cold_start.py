@@ -87,10 +87,14 @@ class Redis:
 
 
 def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str | None = None,
-            redis_url: str | None = None, cache_dir: str | None = None, timeout: float = 1800) -> dict:
+            redis_url: str | None = None, cache_dir: str | None = None, timeout: float = 1800,
+            profile: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
+        if profile:  # sample every process of the job, idle time and threads included
+            launch = ["py-spy", "record", "--subprocesses", "--idle", "--threads", "--format", "raw",
+                      "--rate", "50", "--output", str(profile), "--", *launch]
         extra = []
         if gpus and n <= gpus:
             launch.append("--virtual-local-rank")
@@ -163,6 +167,9 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     p.add_argument("--references", default=None,
                    help="reuse the one-rank references of an earlier run's benchmarks/results/<label>.json")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="run every job under py-spy (record --subprocesses --idle) and keep the samples in DIR; "
+                        "benchmarks/profile_summary.py reads them")
     p.add_argument("job_args", nargs=argparse.REMAINDER, help="after --: model flags for cold_start_job.py")
     args = p.parse_args()
     job_args = [a for a in args.job_args if a != "--"]
@@ -181,13 +188,20 @@ def main() -> None:
         for n in args.ranks:
             for name, (method, uses_redis) in rows.items():
                 runs = []
-                for _ in range(args.repeat):
+                for rep in range(args.repeat):
                     if redis:
                         redis.flush()
                     store = redis.url if (uses_redis and method == "compile-once") else None
                     redis_url = redis.url if redis else None
+                    profile = None
+                    if args.profile:
+                        Path(args.profile).mkdir(parents=True, exist_ok=True)
+                        profile = Path(args.profile) / f"{args.label}-n{n}-{name[1]}-{rep}.txt"
                     runs.append(run_job(n, method, job_args, gpus=args.gpus, store=store,
-                                        redis_url=redis_url if method == "inductor-redis" else None))
+                                        redis_url=redis_url if method == "inductor-redis" else None,
+                                        profile=profile))
+                    if profile:
+                        runs[-1]["profile"] = str(profile)
                 row = {"n": n, "row": name, **summarize(runs, alone_s, warm_s)}
                 table.append(row)
                 raw["rows"].append({**row, "runs": runs})

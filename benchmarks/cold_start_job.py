@@ -57,6 +57,11 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     rank_env = os.environ.get("RANK", "0")
+    if os.environ.get("COLD_START_LOG_LEVEL"):  # the coordinator's log lines, for debugging a run
+        import logging
+
+        logging.basicConfig(format=f"[rank{rank_env}] %(relativeCreated)d ms %(name)s: %(message)s")
+        logging.getLogger("coordinator").setLevel(os.environ["COLD_START_LOG_LEVEL"])
     if args.emulate_gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(int(os.environ.get("LOCAL_RANK", "0")) % args.emulate_gpus)
     cache = args.cache_dir or tempfile.mkdtemp(prefix=f"cold-start-rank{rank_env}-")
@@ -166,6 +171,7 @@ def main() -> None:
     inductor = counters["inductor"]
     mine = {
         "rank": rank,
+        "pid": os.getpid(),
         "start": start,
         "step1_end": step1_end,
         "step1_s": step1_end - start,

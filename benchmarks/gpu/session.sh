@@ -4,7 +4,9 @@
 #   bash benchmarks/gpu/session.sh tier      # the GPU test tier (tests/gpu/run.sh)
 #   bash benchmarks/gpu/session.sh n2        # cold start, N=2 (NCCL), rows $ROWS (default a d e c f)
 #   bash benchmarks/gpu/session.sh n8        # cold start, N=8 emulated on 2 GPUs (gloo), rows $ROWS (default a d e)
-#   bash benchmarks/gpu/session.sh large     # cold start, N=2, the 12-layer GPT (d=768, T=512), rows $ROWS (default a d e)
+#   bash benchmarks/gpu/session.sh large     # cold start, N=$RANKS (default 2), the 12-layer GPT (d=768, T=512), rows $ROWS
+#                                            # (default a d e); LARGE_REFS=<results json> reuses its references
+#   bash benchmarks/gpu/session.sh profile8  # N=8 emulated, rows d e under py-spy: where the leader's time goes
 # Each step stops at BUDGET_S seconds (default 570), so that one device call (10 minutes at
 # most) returns what it measured; cold_start.py saves its table after every row.
 set -uo pipefail
@@ -18,7 +20,7 @@ SMALL="--dim 512 --seq 256 --layers 4"
 LARGE="--dim 768 --seq 512 --layers 12"
 REFS=benchmarks/results/gpu-small-default-references.json
 
-case "${1:?timeout | tier | n2 | n8 | large}" in
+case "${1:?timeout | tier | n2 | n8 | large | profile8}" in
   timeout)
     for flag in "" --coordinator; do
       timeout 150 python3 benchmarks/timeout_scenario.py --timeout 10 $SMALL --cold-extra-s 8 $flag \
@@ -41,9 +43,17 @@ case "${1:?timeout | tier | n2 | n8 | large}" in
     cp "benchmarks/results/$label.json" "$OUT/"
     ;;
   large)
-    label=${LABEL:-gpu-large-n2}
-    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks 2 --repeat "${REPEAT:-3}" \
-      --rows ${ROWS:-a d e} --out "$OUT/$label.md" -- $LARGE 2>&1 | tee "$OUT/$label.log"
+    label=${LABEL:-gpu-large-n${RANKS:-2}}
+    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks "${RANKS:-2}" --repeat "${REPEAT:-3}" \
+      --rows ${ROWS:-a d e} ${LARGE_REFS:+--references "$LARGE_REFS"} --out "$OUT/$label.md" -- $LARGE 2>&1 | tee "$OUT/$label.log"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    ;;
+  profile8)
+    label=${LABEL:-gpu-small-n8-profile}
+    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks 8 --repeat "${REPEAT:-2}" \
+      --rows ${ROWS:-d e} --references "$REFS" --profile "${PROFILE_DIR:-/tmp/profiles}" --out "$OUT/$label.md" \
+      -- $SMALL 2>&1 | tee "$OUT/$label.log"
+    python3 benchmarks/profile_summary.py "benchmarks/results/$label.json" | tee "$OUT/$label-phases.md"
     cp "benchmarks/results/$label.json" "$OUT/"
     ;;
 esac
