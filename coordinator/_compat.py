@@ -26,9 +26,13 @@ Triton tuning hooks (``triton_tuning_hooks``): ``CachingAutotuner.autotune_to_on
 ``coordinate_descent_tuning``, ``recheck_autotune_cache``, ``filename``, ``inductor_meta``,
 ``triton_meta["device"]``, a launcher's ``cache_hash`` and ``AutotuneCache.read_best`` read
 from 2.11.0's source on the GPU host (``benchmarks/gpu/logs-2026-11-22-c/``) and from 2.13.0's
-here. On 2.11.0 (H200) the search/descent hold, the winner's Triton entry and the
-``read_best``/``recheck_autotune_cache`` backports ran in the GPU tier; the ``filename`` fix was
-added after the last GPU run and has run on CPU only (its code path needs CUDA).
+here. On 2.11.0 (H200) the search/descent hold, the winner's Triton entry, the
+``read_best``/``recheck_autotune_cache`` backports and the ``filename`` fix ran in the GPU tier
+(it passes). Routing the autotune cache of kernels compiled in compile workers
+(``CachingAutotuner.restore_after_unpickle``, ``autotune_cache``,
+``AutotuneCache._prepare_key``/``_setup_remote_autotune_cache``/``remote_cache``) was read from
+2.13.0's source and runs on CPU against Inductor's real ``AutotuneCache``; it has not run on a
+GPU, and 2.11.0's signatures of those two ``AutotuneCache`` methods were not checked.
 """
 
 from __future__ import annotations
@@ -357,21 +361,32 @@ def triton_cache_dir(device: int | None = None) -> str:
 
 
 @contextlib.contextmanager
-def triton_tuning_hooks(on_tuning: Callable[[], None]) -> Iterator[None]:
+def triton_tuning_hooks(on_tuning: Callable[[], None],
+                        compiling: Callable[[], bool] = lambda: False) -> Iterator[None]:
     """Watch Triton kernels tune at their first launch, for the duration.
 
     Wraps ``CachingAutotuner.autotune_to_one_config`` (the config search) and
     ``CachingAutotuner.coordinate_descent_tuning``: calls ``on_tuning()`` as each starts
     (the session keeps its autotune claims alive while this rank tunes), and runs the
-    :func:`defer_autotune_save` protocol. On torch < 2.12 also fixes how Inductor
-    restores a config that coordinate descent chose (pytorch/pytorch#172819):
-    :func:`_read_best_fixed` and :func:`_recheck_autotune_cache_fixed`.
+    :func:`defer_autotune_save` protocol. Wraps ``restore_after_unpickle`` to route the
+    autotune cache of kernels compiled in compile workers
+    (:func:`route_worker_autotune_cache`; it claims their keys while ``compiling()``). On
+    torch < 2.12 also fixes how Inductor restores a config that coordinate descent chose
+    (pytorch/pytorch#172819): :func:`_read_best_fixed` and :func:`_recheck_autotune_cache_fixed`.
     """
     from torch._inductor.runtime import triton_heuristics as th
 
     autotuner = th.CachingAutotuner
     originals = {name: autotuner.__dict__[name] for name in
                  ("autotune_to_one_config", "coordinate_descent_tuning", "recheck_autotune_cache")}
+    has_restore = "restore_after_unpickle" in autotuner.__dict__
+    if has_restore:
+        originals["restore_after_unpickle"] = autotuner.__dict__["restore_after_unpickle"]
+
+    def restore_after_unpickle(self: Any, old_values: Any) -> None:
+        originals["restore_after_unpickle"](self, old_values)
+        if old_values is None:  # a kernel compiled in a compile worker, arriving in this process
+            route_worker_autotune_cache(self, claim=compiling())
 
     def autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         on_tuning()
@@ -434,6 +449,8 @@ def triton_tuning_hooks(on_tuning: Callable[[], None]) -> Iterator[None]:
     autotuner.autotune_to_one_config = autotune_to_one_config
     autotuner.coordinate_descent_tuning = coordinate_descent_tuning
     autotuner.recheck_autotune_cache = recheck_autotune_cache
+    if has_restore:
+        autotuner.restore_after_unpickle = restore_after_unpickle
     if backport:
         AutotuneCache.read_best = _read_best_fixed
     try:
@@ -443,6 +460,42 @@ def triton_tuning_hooks(on_tuning: Callable[[], None]) -> Iterator[None]:
             setattr(autotuner, name, original)
         AutotuneCache.read_best = original_read_best
         _tuning.stage = _tuning.pending = None
+
+
+def route_worker_autotune_cache(autotuner: Any, claim: bool) -> None:
+    """Send the tuned config of a kernel compiled in a compile worker through the coordinator.
+
+    Inductor compiles most Triton kernels in its compile workers, which build the kernel's
+    ``AutotuneCache`` there: with no coordinator backend installed (and Redis kept out),
+    its remote cache is ``None``. Back in this process the kernel tunes at its first
+    launch and saves its best config to this rank's local cache only, so other ranks
+    loading the kernel from the FX entry missed it and tuned it themselves (7–25 kernels
+    per follower at N=8 on the GPU host). Here the cache gets the coordinator's remote
+    cache, as ``AutotuneCache.create`` would have built it in this process. With ``claim``
+    (this rank is compiling graphs it claimed), its key is also looked up at once: on a
+    miss that claims it, before the FX entry carrying the kernel is published, so other
+    ranks wait for this rank's result. A rank loading graphs does not claim: a claim would
+    stop it waiting on the next key. A hit is left unused (the kernel tunes as it would
+    have); nothing here fails a compile.
+    """
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    cache, filename = getattr(autotuner, "autotune_cache", None), getattr(autotuner, "filename", None)
+    if cache is None or getattr(cache, "remote_cache", True) is not None or not filename:
+        return
+    prepare_key = getattr(AutotuneCache, "_prepare_key", None)
+    if prepare_key is None:  # an older AutotuneCache (key = filename): not checked, left alone
+        return
+    try:
+        cache._setup_remote_autotune_cache(autotuner.inductor_meta, prepare_key(filename))
+        if claim and cache.remote_cache is not None:
+            remote, key = cache.remote_cache
+            found = remote.get(key)
+            log.debug("routed the autotune cache of worker-compiled %s: %s",
+                      autotuner.inductor_meta.get("kernel_name"), "hit (unused)" if found else "claimed or missed")
+    except Exception:
+        log.warning("compile_once: could not route the autotune cache of %s",
+                    getattr(autotuner, "inductor_meta", {}).get("kernel_name"), exc_info=True)
 
 
 def _read_best_fixed(self: Any, inductor_meta: dict[str, Any], configs: list[Any]) -> Any:

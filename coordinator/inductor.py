@@ -51,10 +51,11 @@ def route_caches(session: Session) -> Iterator[None]:
     """Send the session's configured Inductor caches through it for the duration."""
     backends = {kind: _backend_class(session, kind) for kind in _compat.routable_kinds(session.config.caches)}
     share = "fx_graph" in backends and session.config.share_local_hits
+    tune = "autotune" in backends
     with (
         _compat.routed_remote_caches(backends),
         _compat.on_compile_end(session.compile_ended),
         _compat.on_fx_graph_served(session.fx_graph_served) if share else contextlib.nullcontext(),
-        _compat.triton_tuning_hooks(session.tuning_started) if "autotune" in backends else contextlib.nullcontext(),
+        _compat.triton_tuning_hooks(session.tuning_started, session.compiling) if tune else contextlib.nullcontext(),
     ):
         yield

@@ -295,6 +295,10 @@ class Session:
             written += emit_triton_kernels(_compat.triton_cache_dir(), triton)
         return written
 
+    def compiling(self) -> bool:
+        """Whether a compile of this rank holds claims (it compiles graphs it claimed)."""
+        return self._flight is not None and self._flight.holds_claims()
+
     def tuning_started(self) -> None:
         """This rank began tuning a Triton kernel at its first launch: autotune claims
         kept after the compile stay another ``config.autotune_grace``."""

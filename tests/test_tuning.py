@@ -5,7 +5,8 @@ on CPU, the two pieces that are plain Python and files are checked against a rea
 store and real directories: the Triton cache entry that travels with an autotune
 entry, and the hold-until-the-descent-ends protocol of ``_compat.triton_tuning_hooks``,
 driven through ``CachingAutotuner``'s own method names by stand-ins that save as
-Inductor's ``AutotuneCache.save`` does (the real methods need CUDA).
+Inductor's ``AutotuneCache.save`` does (the real methods need CUDA); and the routing of
+kernels compiled in compile workers, through Inductor's real ``AutotuneCache``.
 """
 
 from __future__ import annotations
@@ -165,3 +166,76 @@ def test_tuning_keeps_unpublished_autotune_claims_alive(tuning):
     r = follower.lookup(key, blocking=True)
     assert (r.value, r.outcome) == (b"best", "waited")
     follower.close()
+
+
+class WorkerCompiledKernel:
+    """A Triton kernel as it arrives from one of Inductor's compile workers: its real
+    ``AutotuneCache`` was built in the worker, where no coordinator backend is installed,
+    so it has a local cache and no remote one."""
+
+    def __init__(self, tmp_path, name: str):
+        from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+        self.filename = str(tmp_path / "leader-node" / "ab" / f"c{name}.py")
+        self.inductor_meta = {"autotune_local_cache": True, "autotune_remote_cache": True,
+                              "backend_hash": "b" * 64, "kernel_name": name}
+        in_worker = dict(self.inductor_meta, autotune_remote_cache=False)
+        self.autotune_cache = AutotuneCache.create(in_worker, self.filename, "configs-hash")
+        assert self.autotune_cache.remote_cache is None
+        self.fn = SimpleNamespace()  # what restore_after_unpickle touches
+
+    def store_key(self, session: Session) -> str:
+        """The session's key for this kernel's config: Inductor's Redis-style key, hashed."""
+        remote, key = self.autotune_cache.remote_cache
+        return session._key("autotune", remote._get_key(key))
+
+    def first_launch(self) -> None:  # the config search saves its pick, as CachingAutotuner does
+        config = SimpleNamespace(kwargs={"XBLOCK": 64}, num_warps=4, num_stages=1)
+        self.autotune_cache.save(config, time_taken_ns=7_000_000)
+
+
+def test_worker_compiled_kernels_share_their_tuned_config(tmp_path, monkeypatch):
+    """The leader claims the autotune key of a kernel compiled in a compile worker as it
+    arrives (during its compile), and publishes the config the kernel saves at its first
+    launch; a follower waits for it instead of tuning. Seen on the GPU host: without this,
+    every follower tuned such kernels itself (7-25 of them at N=8)."""
+    import coordinator
+    from torch._inductor.runtime import triton_heuristics as th
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "leader-node"))
+    monkeypatch.setattr(_compat, "routable_kinds", lambda kinds: list(kinds))  # route autotune without a GPU
+    url = f"file://{tmp_path / 'store'}"
+    with coordinator.compile_once(url) as leader:
+        compile_claim = leader.flight().lookup(leader._key("fx_graph", "graph-0"), blocking=True)
+        assert compile_claim.outcome == "claimed" and leader.compiling()  # the leader is compiling a graph
+        kernel = WorkerCompiledKernel(tmp_path, "triton_poi_fused_0")
+        th.CachingAutotuner.restore_after_unpickle(kernel, None)  # as async_compile does for a worker's kernel
+        assert kernel.autotune_cache.remote_cache is not None
+        key = kernel.store_key(leader)
+        assert leader.flight().claim_started(key) is not None  # claimed before the FX entry is published
+
+        follower = Session(Config(store=url))
+        waited: dict = {}
+        waiter = threading.Thread(target=lambda: waited.update(r=follower.flight().lookup(key, blocking=True)))
+        waiter.start()
+        time.sleep(0.5)
+        assert waiter.is_alive()  # the follower waits on the leader's claim
+        kernel.first_launch()
+        waiter.join(10)
+        assert waited["r"].outcome == "waited"
+        from coordinator.integrity import open_sealed
+
+        best = json.loads(open_sealed(key, waited["r"].value).payload)
+        assert (best["XBLOCK"], best["num_warps"], best["configs_hash"]) == (64, 4, "configs-hash")
+        follower.close()
+
+        # A rank that is not compiling (it loads graphs) routes the saves but claims nothing:
+        # a claim would stop it waiting on its next key.
+        leader.flight().abandon(leader._key("fx_graph", "graph-0"))
+        assert not leader.compiling()
+        loaded = WorkerCompiledKernel(tmp_path, "triton_poi_fused_1")
+        th.CachingAutotuner.restore_after_unpickle(loaded, None)
+        assert loaded.autotune_cache.remote_cache is not None
+        assert leader.flight().claim_started(loaded.store_key(leader)) is None
+        loaded.first_launch()
+        assert leader.flight().store.get(f"v/{loaded.store_key(leader)}") is not None
