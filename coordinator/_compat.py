@@ -32,7 +32,10 @@ here. On 2.11.0 (H200) the search/descent hold, the winner's Triton entry, the
 (``CachingAutotuner.restore_after_unpickle``, ``autotune_cache``,
 ``AutotuneCache._prepare_key``/``_setup_remote_autotune_cache``/``remote_cache``) was read from
 2.13.0's source and runs on CPU against Inductor's real ``AutotuneCache``; it has not run on a
-GPU, and 2.11.0's signatures of those two ``AutotuneCache`` methods were not checked.
+GPU. 2.11.0's own copy was not read; in the public PyTorch sources searched, every
+``AutotuneCache`` that has ``_prepare_key`` passes its result to ``_setup_remote_autotune_cache``
+(as used here), and ``async_compile`` calls ``restore_after_unpickle(old_values=None)`` on each
+kernel a worker returns; without ``_prepare_key`` the hook does nothing.
 """
 
 from __future__ import annotations
