@@ -88,7 +88,7 @@ class Redis:
 
 def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str | None = None,
             redis_url: str | None = None, cache_dir: str | None = None, timeout: float = 1800,
-            profile: Path | None = None) -> dict:
+            profile: Path | None = None, log: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
@@ -111,6 +111,8 @@ def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str |
         env.setdefault("OMP_NUM_THREADS", "1")
         started = time.monotonic()
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        if log:
+            log.write_text(done.stdout)
         if done.returncode != 0 or not out.exists():
             print(done.stdout[-4000:], file=sys.stderr)
             raise SystemExit(f"job failed: {' '.join(cmd)}")
@@ -121,10 +123,12 @@ def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str |
 
 def references(job_args: list[str], gpus: int, repeat: int) -> dict:
     """One rank compiling alone, and step 1 of one rank whose local cache is warm."""
-    alone = [run_job(1, "alone", job_args, gpus=gpus) for _ in range(repeat)]
     with tempfile.TemporaryDirectory() as cache:
-        run_job(1, "alone", job_args, gpus=gpus, cache_dir=cache)  # fills it
+        # The first alone run compiles into an empty cache dir, as every alone run does, and fills
+        # it for the warm runs: one compile fewer, which matters where a compile takes minutes.
+        alone = [run_job(1, "alone", job_args, gpus=gpus, cache_dir=cache)]
         warm = [run_job(1, "alone", job_args, gpus=gpus, cache_dir=cache) for _ in range(repeat)]
+    alone += [run_job(1, "alone", job_args, gpus=gpus) for _ in range(repeat - 1)]
     return {
         "alone_s": statistics.median(r["all_done_s"] for r in alone),
         "warm_step1_s": statistics.median(r["ranks"][0]["step1_s"] for r in warm),
@@ -170,6 +174,8 @@ def main() -> None:
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="run every job under py-spy (record --subprocesses --idle) and keep the samples in DIR; "
                         "benchmarks/profile_summary.py reads them")
+    p.add_argument("--job-logs", default=None, metavar="DIR",
+                   help="keep each job's output (with COLD_START_LOG_LEVEL=DEBUG: the coordinator's log lines) in DIR")
     p.add_argument("job_args", nargs=argparse.REMAINDER, help="after --: model flags for cold_start_job.py")
     args = p.parse_args()
     job_args = [a for a in args.job_args if a != "--"]
@@ -184,11 +190,14 @@ def main() -> None:
             raw["references"] = references(job_args, args.gpus, args.repeat)
         alone_s, warm_s = raw["references"]["alone_s"], raw["references"]["warm_step1_s"]
         print(f"one rank compiling alone: {alone_s:.2f}s; step 1 with a warm local cache: {warm_s:.2f}s", flush=True)
-        table = []
-        for n in args.ranks:
-            for name, (method, uses_redis) in rows.items():
-                runs = []
-                for rep in range(args.repeat):
+        save(args, raw, [], job_args)
+        # Rounds: every row runs once per round (a, d, e, a, d, e, ...), so that drift on the host
+        # spreads over the rows, and a run cut short by a time limit still has every row it reached.
+        runs: dict[tuple[int, str], list[dict]] = {}
+        table: list[dict] = []
+        for rep in range(args.repeat):
+            for n in args.ranks:
+                for name, (method, uses_redis) in rows.items():
                     if redis:
                         redis.flush()
                     store = redis.url if (uses_redis and method == "compile-once") else None
@@ -197,20 +206,26 @@ def main() -> None:
                     if args.profile:
                         Path(args.profile).mkdir(parents=True, exist_ok=True)
                         profile = Path(args.profile) / f"{args.label}-n{n}-{name[1]}-{rep}.txt"
-                    runs.append(run_job(n, method, job_args, gpus=args.gpus, store=store,
-                                        redis_url=redis_url if method == "inductor-redis" else None,
-                                        profile=profile))
+                    log = None
+                    if args.job_logs:
+                        Path(args.job_logs).mkdir(parents=True, exist_ok=True)
+                        log = Path(args.job_logs) / f"{args.label}-n{n}-{name[1]}-{rep}.log"
+                    run = run_job(n, method, job_args, gpus=args.gpus, store=store,
+                                  redis_url=redis_url if method == "inductor-redis" else None, profile=profile, log=log)
                     if profile:
-                        runs[-1]["profile"] = str(profile)
-                row = {"n": n, "row": name, **summarize(runs, alone_s, warm_s)}
-                table.append(row)
-                raw["rows"].append({**row, "runs": runs})
-                follower = "-" if row["follower_ratio"] is None else f"{row['follower_ratio']:.2f}x"
-                runs_s = ", ".join(f"{t:.1f}" for t in row["runs_s"])
-                print(f"N={n} {name:<38} {row['all_done_s']:7.2f}s ({row['ratio']:.2f}x)  runs {runs_s}  "
-                      f"FX {row['fx_compiles']}  Triton {row['triton_compiles']}  CPU {row['cpu_s']:.0f}s  "
-                      f"moved {fmt_bytes(row['moved_bytes'])}  follower {follower}", flush=True)
-                save(args, raw, table, job_args)  # after every row: a run cut short keeps what it measured
+                        run["profile"] = str(profile)
+                    runs.setdefault((n, name), []).append(run)
+                    print(f"N={n} {name:<38} run {rep + 1}: {run['all_done_s']:7.2f}s "
+                          f"({run['all_done_s'] / alone_s:.2f}x)", flush=True)
+                    table = [{"n": n_, "row": name_, **summarize(r, alone_s, warm_s)} for (n_, name_), r in runs.items()]
+                    raw["rows"] = [{**row, "runs": runs[row["n"], row["row"]]} for row in table]
+                    save(args, raw, table, job_args)  # after every run: a run cut short keeps what it measured
+        for row in table:
+            follower = "-" if row["follower_ratio"] is None else f"{row['follower_ratio']:.2f}x"
+            runs_s = ", ".join(f"{t:.1f}" for t in row["runs_s"])
+            print(f"N={row['n']} {row['row']:<38} {row['all_done_s']:7.2f}s ({row['ratio']:.2f}x)  runs {runs_s}  "
+                  f"FX {row['fx_compiles']}  Triton {row['triton_compiles']}  CPU {row['cpu_s']:.0f}s  "
+                  f"moved {fmt_bytes(row['moved_bytes'])}  follower {follower}", flush=True)
     finally:
         if redis:
             redis.close()
@@ -247,7 +262,7 @@ def markdown(args, raw: dict, table: list[dict], job_args: list[str]) -> str:
         "",
         f"Machine: {raw['machine']}. Model flags: `{' '.join(job_args) or '(defaults)'}` "
         "(`benchmarks/cold_start_job.py`: the example GPT, DDP, fwd+bwd+AdamW). "
-        f"Medians of {args.repeat} runs. One rank compiling alone: {alone_s:.2f} s; "
+        f"Medians of the runs listed (up to {args.repeat} per row, run in rounds). One rank compiling alone: {alone_s:.2f} s; "
         f"step 1 with a warm local cache: {warm_s:.2f} s"
         + (f" (reused from `{raw['references']['from']}`)." if raw["references"].get("from") else "."),
         "",

@@ -3,12 +3,15 @@
 #   bash benchmarks/gpu/session.sh timeout   # the timeout scenario, without and with the coordinator
 #   bash benchmarks/gpu/session.sh tier      # the GPU test tier (tests/gpu/run.sh)
 #   bash benchmarks/gpu/session.sh n2        # cold start, N=2 (NCCL), rows $ROWS (default a d e c f)
-#   bash benchmarks/gpu/session.sh n8        # cold start, N=8 emulated on 2 GPUs (gloo), rows $ROWS (default a d e)
+#   bash benchmarks/gpu/session.sh n8        # cold start, N=8 emulated on 2 GPUs (gloo), rows $ROWS (default a d e);
+#                                            # JOB_LOGS=<dir> keeps each job's output (COLD_START_LOG_LEVEL=DEBUG: coordinator lines)
 #   bash benchmarks/gpu/session.sh large     # cold start, N=$RANKS (default 2), the 12-layer GPT (d=768, T=512), rows $ROWS
 #                                            # (default a d e); LARGE_REFS=<results json> reuses its references
 #   bash benchmarks/gpu/session.sh profile8  # N=8 emulated, rows d e under py-spy: where the leader's time goes
+#   bash benchmarks/gpu/session.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
+#                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>
 # Each step stops at BUDGET_S seconds (default 570), so that one device call (10 minutes at
-# most) returns what it measured; cold_start.py saves its table after every row.
+# most) returns what it measured; cold_start.py saves its table after every run.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
@@ -20,7 +23,7 @@ SMALL="--dim 512 --seq 256 --layers 4"
 LARGE="--dim 768 --seq 512 --layers 12"
 REFS=benchmarks/results/gpu-small-default-references.json
 
-case "${1:?timeout | tier | n2 | n8 | large | profile8}" in
+case "${1:?timeout | tier | n2 | n8 | large | profile8 | mac}" in
   timeout)
     for flag in "" --coordinator; do
       timeout 150 python3 benchmarks/timeout_scenario.py --timeout 10 $SMALL --cold-extra-s 8 $flag \
@@ -39,13 +42,22 @@ case "${1:?timeout | tier | n2 | n8 | large | profile8}" in
   n8)
     label=${LABEL:-gpu-small-n8}
     timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks 8 --repeat "${REPEAT:-3}" \
-      --rows ${ROWS:-a d e} --references "$REFS" --out "$OUT/$label.md" -- $SMALL 2>&1 | tee "$OUT/$label.log"
+      --rows ${ROWS:-a d e} --references "$REFS" ${JOB_LOGS:+--job-logs "$JOB_LOGS"} --out "$OUT/$label.md" \
+      -- $SMALL 2>&1 | tee "$OUT/$label.log"
     cp "benchmarks/results/$label.json" "$OUT/"
+    if [ -n "${JOB_LOGS:-}" ]; then tar czf "$OUT/$label-job-logs.tgz" -C "$JOB_LOGS" .; fi
     ;;
   large)
     label=${LABEL:-gpu-large-n${RANKS:-2}}
     timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks "${RANKS:-2}" --repeat "${REPEAT:-3}" \
       --rows ${ROWS:-a d e} ${LARGE_REFS:+--references "$LARGE_REFS"} --out "$OUT/$label.md" -- $LARGE 2>&1 | tee "$OUT/$label.log"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    ;;
+  mac)
+    label=${LABEL:-gpu-small-mac-n${RANKS:-2}}
+    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks "${RANKS:-2}" --repeat "${REPEAT:-3}" \
+      --rows ${ROWS:-a d e} ${MAC_REFS:+--references "$MAC_REFS"} --out "$OUT/$label.md" \
+      -- $SMALL --mode max-autotune-no-cudagraphs 2>&1 | tee "$OUT/$label.log"
     cp "benchmarks/results/$label.json" "$OUT/"
     ;;
   profile8)
