@@ -372,8 +372,9 @@ def triton_tuning_hooks(on_tuning: Callable[[], None],
     ``CachingAutotuner.coordinate_descent_tuning``: calls ``on_tuning()`` as each starts
     (the session keeps its autotune claims alive while this rank tunes), and runs the
     :func:`defer_autotune_save` protocol. Wraps ``restore_after_unpickle`` to route the
-    autotune cache of kernels compiled in compile workers
-    (:func:`route_worker_autotune_cache`; it claims their keys while ``compiling()``). On
+    autotune cache of kernels compiled in compile workers, and of static autotuners from FX
+    entries as they are rechecked (:func:`route_autotune_cache`; it claims the keys of the
+    first while ``compiling()``). On
     torch < 2.12 also fixes how Inductor restores a config that coordinate descent chose
     (pytorch/pytorch#172819): :func:`_read_best_fixed` and :func:`_recheck_autotune_cache_fixed`.
     """
@@ -389,7 +390,7 @@ def triton_tuning_hooks(on_tuning: Callable[[], None],
     def restore_after_unpickle(self: Any, old_values: Any) -> None:
         originals["restore_after_unpickle"](self, old_values)
         if old_values is None:  # a kernel compiled in a compile worker, arriving in this process
-            route_worker_autotune_cache(self, claim=compiling())
+            route_autotune_cache(self, claim=compiling())
 
     def autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         on_tuning()
@@ -444,6 +445,10 @@ def triton_tuning_hooks(on_tuning: Callable[[], None],
         # rank's file, mid-tuning (before coordinate descent). Point it at our own copy.
         if getattr(self, "filename", None):
             self.filename = os.path.join(inductor_cache_dir(), *os.path.normpath(self.filename).split(os.sep)[-2:])
+        # The recheck looks the config up through a cache of its own, but the kernel saves
+        # through the one pickled into the FX entry: without a remote, this rank would claim
+        # the key here and never publish it (others then wait until it gives up).
+        route_autotune_cache(self, claim=False)
         return recheck(self, *args, **kwargs)
 
     from torch._inductor.runtime.autotune_cache import AutotuneCache
@@ -465,37 +470,53 @@ def triton_tuning_hooks(on_tuning: Callable[[], None],
         _tuning.stage = _tuning.pending = None
 
 
-def route_worker_autotune_cache(autotuner: Any, claim: bool) -> None:
-    """Send the tuned config of a kernel compiled in a compile worker through the coordinator.
+def kernel_autotune_cache(autotuner: Any) -> Any:
+    """The ``AutotuneCache`` a kernel saves its tuned config through, or ``None``.
+
+    ``CachingAutotuner`` keeps no reference to its cache but the bound method
+    ``save_cache_hook`` (``cached_autotune`` passes ``autotune_cache.save``).
+    """
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    cache = getattr(getattr(autotuner, "save_cache_hook", None), "__self__", None)
+    return cache if isinstance(cache, AutotuneCache) else None
+
+
+def route_autotune_cache(autotuner: Any, claim: bool) -> None:
+    """Send the tuned config of a kernel built outside this process through the coordinator.
 
     Inductor compiles most Triton kernels in its compile workers, which build the kernel's
     ``AutotuneCache`` there: with no coordinator backend installed (and Redis kept out),
     its remote cache is ``None``. Back in this process the kernel tunes at its first
     launch and saves its best config to this rank's local cache only, so other ranks
-    loading the kernel from the FX entry missed it and tuned it themselves (7–25 kernels
-    per follower at N=8 on the GPU host). Here the cache gets the coordinator's remote
-    cache, as ``AutotuneCache.create`` would have built it in this process. With ``claim``
-    (this rank is compiling graphs it claimed), its key is also looked up at once: on a
-    miss that claims it, before the FX entry carrying the kernel is published, so other
-    ranks wait for this rank's result. A rank loading graphs does not claim: a claim would
-    stop it waiting on the next key. A hit is left unused (the kernel tunes as it would
-    have); nothing here fails a compile.
+    loading the kernel from the FX entry missed it and tuned it themselves (7 kernels per
+    follower at N=8 on the GPU host). The same holds for a static autotuner unpickled
+    from an FX entry that such a kernel went into. Here the cache gets the coordinator's
+    remote cache, as ``AutotuneCache.create`` would have built it in this process. With
+    ``claim`` (this rank is compiling graphs it claimed), its key is also looked up at
+    once: on a miss that claims it, before the FX entry carrying the kernel is published,
+    so other ranks wait for this rank's result. A rank loading graphs does not claim: a
+    claim would stop it waiting on the next key. A hit is left unused (the kernel tunes as
+    it would have); nothing here fails a compile.
     """
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
-    cache, filename = getattr(autotuner, "autotune_cache", None), getattr(autotuner, "filename", None)
-    if cache is None or getattr(cache, "remote_cache", True) is not None or not filename:
+    cache, filename = kernel_autotune_cache(autotuner), getattr(autotuner, "filename", None)
+    if cache is None or cache.remote_cache is not None or not filename:
         return
     prepare_key = getattr(AutotuneCache, "_prepare_key", None)
     if prepare_key is None:  # an older AutotuneCache (key = filename): not checked, left alone
         return
     try:
         cache._setup_remote_autotune_cache(autotuner.inductor_meta, prepare_key(filename))
-        if claim and cache.remote_cache is not None:
+        if cache.remote_cache is None:
+            return
+        found = None
+        if claim:
             remote, key = cache.remote_cache
             found = remote.get(key)
-            log.debug("routed the autotune cache of worker-compiled %s: %s",
-                      autotuner.inductor_meta.get("kernel_name"), "hit (unused)" if found else "claimed or missed")
+        log.debug("routed the autotune cache of %s%s", autotuner.inductor_meta.get("kernel_name"),
+                  "" if not claim else ": hit (unused)" if found else ": claimed or missed")
     except Exception:
         log.warning("compile_once: could not route the autotune cache of %s",
                     getattr(autotuner, "inductor_meta", {}).get("kernel_name"), exc_info=True)

@@ -168,30 +168,70 @@ def test_tuning_keeps_unpublished_autotune_claims_alive(tuning):
     follower.close()
 
 
-class WorkerCompiledKernel:
-    """A Triton kernel as it arrives from one of Inductor's compile workers: its real
-    ``AutotuneCache`` was built in the worker, where no coordinator backend is installed,
-    so it has a local cache and no remote one."""
+#: A compile worker's part, run in a real subprocess: Inductor's own ``check_autotune_cache``
+#: builds each kernel's ``AutotuneCache`` from its ``inductor_meta`` (remote cache switched
+#: on, as routing bakes in) and the worker pickles the save hook back, as ``cached_autotune``
+#: hands it to ``CachingAutotuner``. No coordinator backend is installed there.
+WORKER = r"""
+import pickle, sys
+from types import SimpleNamespace
+from torch._inductor.runtime.triton_heuristics import check_autotune_cache
+hooks = {}
+for name, filename, meta in pickle.loads(sys.stdin.buffer.read()):
+    configs = [SimpleNamespace(kwargs={"XBLOCK": x}, num_warps=4, num_stages=1) for x in (64, 128)]
+    _, cache, _ = check_autotune_cache(configs, filename, meta)
+    hooks[name] = (cache.remote_cache is None, cache.save)
+sys.stdout.buffer.write(pickle.dumps(hooks))
+"""
 
-    def __init__(self, tmp_path, name: str):
-        from torch._inductor.runtime.autotune_cache import AutotuneCache
 
+class KernelFromWorker:
+    """A Triton kernel as it arrives from one of Inductor's compile workers (or is unpickled
+    from an FX entry that such a kernel went into): what ``CachingAutotuner`` holds of its
+    autotune cache is the save hook the worker built, without a remote cache."""
+
+    def __init__(self, tmp_path, name: str, save_cache_hook):
         self.filename = str(tmp_path / "leader-node" / "ab" / f"c{name}.py")
-        self.inductor_meta = {"autotune_local_cache": True, "autotune_remote_cache": True,
-                              "backend_hash": "b" * 64, "kernel_name": name}
-        in_worker = dict(self.inductor_meta, autotune_remote_cache=False)
-        self.autotune_cache = AutotuneCache.create(in_worker, self.filename, "configs-hash")
-        assert self.autotune_cache.remote_cache is None
+        self.inductor_meta = inductor_meta(name)
+        self.save_cache_hook = save_cache_hook
         self.fn = SimpleNamespace()  # what restore_after_unpickle touches
+        self.compile_results = [SimpleNamespace(config=SimpleNamespace(kwargs={"XBLOCK": x}, num_warps=4,
+                                                                       num_stages=1)) for x in (64, 128)]
+
+    def is_statically_launchable(self) -> bool:  # what recheck_autotune_cache asserts
+        return True
 
     def store_key(self, session: Session) -> str:
         """The session's key for this kernel's config: Inductor's Redis-style key, hashed."""
-        remote, key = self.autotune_cache.remote_cache
+        remote, key = _compat.kernel_autotune_cache(self).remote_cache
         return session._key("autotune", remote._get_key(key))
 
     def first_launch(self) -> None:  # the config search saves its pick, as CachingAutotuner does
         config = SimpleNamespace(kwargs={"XBLOCK": 64}, num_warps=4, num_stages=1)
-        self.autotune_cache.save(config, time_taken_ns=7_000_000)
+        self.save_cache_hook(config, 7_000_000)
+
+
+def inductor_meta(name: str) -> dict:
+    return {"autotune_local_cache": True, "autotune_remote_cache": True, "backend_hash": "b" * 64,
+            "kernel_name": name}
+
+
+def kernels_from_a_worker(tmp_path, names: list[str]) -> dict[str, KernelFromWorker]:
+    """Build the kernels' autotune caches in a compile-worker process started now (with
+    this process's environment, as Inductor starts its workers) and unpickle them here."""
+    import pickle
+    import subprocess
+    import sys
+
+    asked = [(name, str(tmp_path / "leader-node" / "ab" / f"c{name}.py"), inductor_meta(name)) for name in names]
+    done = subprocess.run([sys.executable, "-c", WORKER], input=pickle.dumps(asked), capture_output=True,
+                          check=True, timeout=120)
+    kernels = {}
+    for name, (no_remote_in_worker, hook) in pickle.loads(done.stdout).items():
+        assert no_remote_in_worker  # the worker had no remote cache: the case routed here
+        kernels[name] = KernelFromWorker(tmp_path, name, hook)
+        assert _compat.kernel_autotune_cache(kernels[name]).remote_cache is None
+    return kernels
 
 
 def test_worker_compiled_kernels_share_their_tuned_config(tmp_path, monkeypatch):
@@ -203,14 +243,16 @@ def test_worker_compiled_kernels_share_their_tuned_config(tmp_path, monkeypatch)
     from torch._inductor.runtime import triton_heuristics as th
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "leader-node"))
+    monkeypatch.delenv("TORCHINDUCTOR_REDIS_URL", raising=False)
     monkeypatch.setattr(_compat, "routable_kinds", lambda kinds: list(kinds))  # route autotune without a GPU
     url = f"file://{tmp_path / 'store'}"
     with coordinator.compile_once(url) as leader:
+        kernels = kernels_from_a_worker(tmp_path, ["triton_poi_fused_0", "triton_poi_fused_1", "triton_poi_fused_2"])
         compile_claim = leader.flight().lookup(leader._key("fx_graph", "graph-0"), blocking=True)
         assert compile_claim.outcome == "claimed" and leader.compiling()  # the leader is compiling a graph
-        kernel = WorkerCompiledKernel(tmp_path, "triton_poi_fused_0")
+        kernel = kernels["triton_poi_fused_0"]
         th.CachingAutotuner.restore_after_unpickle(kernel, None)  # as async_compile does for a worker's kernel
-        assert kernel.autotune_cache.remote_cache is not None
+        assert _compat.kernel_autotune_cache(kernel).remote_cache is not None
         key = kernel.store_key(leader)
         assert leader.flight().claim_started(key) is not None  # claimed before the FX entry is published
 
@@ -226,16 +268,28 @@ def test_worker_compiled_kernels_share_their_tuned_config(tmp_path, monkeypatch)
         from coordinator.integrity import open_sealed
 
         best = json.loads(open_sealed(key, waited["r"].value).payload)
-        assert (best["XBLOCK"], best["num_warps"], best["configs_hash"]) == (64, 4, "configs-hash")
+        assert best["XBLOCK"] == 64 and best["num_warps"] == 4
         follower.close()
 
         # A rank that is not compiling (it loads graphs) routes the saves but claims nothing:
         # a claim would stop it waiting on its next key.
         leader.flight().abandon(leader._key("fx_graph", "graph-0"))
         assert not leader.compiling()
-        loaded = WorkerCompiledKernel(tmp_path, "triton_poi_fused_1")
+        loaded = kernels["triton_poi_fused_1"]
         th.CachingAutotuner.restore_after_unpickle(loaded, None)
-        assert loaded.autotune_cache.remote_cache is not None
+        assert _compat.kernel_autotune_cache(loaded).remote_cache is not None
         assert leader.flight().claim_started(loaded.store_key(leader)) is None
         loaded.first_launch()
         assert leader.flight().store.get(f"v/{loaded.store_key(leader)}") is not None
+
+        # A static autotuner from an FX entry: Inductor's recheck looks its config up (a miss
+        # claims the key) through a cache of its own, while the kernel saves through the one
+        # in the entry. Seen on the GPU host: without routing that one too, the rank held the
+        # claim without ever publishing, and the other ranks tuned once it gave up.
+        static = kernels["triton_poi_fused_2"]
+        th.CachingAutotuner.recheck_autotune_cache(static, lambda: None)
+        assert _compat.kernel_autotune_cache(static).remote_cache is not None  # its save goes to the store
+        key = static.store_key(leader)
+        assert leader.flight().claim_started(key) is not None  # the recheck's miss claimed it
+        static.first_launch()
+        assert leader.flight().store.get(f"v/{key}") is not None  # published, not left to be given up
