@@ -83,6 +83,34 @@ def test_values_past_the_tcpstore_message_limit(tcp_store):
     assert store.get("after") == b"ok"
 
 
+def test_a_key_deleted_while_read_reads_as_absent(tcp_store):
+    """TCPStore answers a get of a key deleted after its check with b"". Seen on the GPU
+    host: a follower read a heartbeat as its owner published and deleted it, took the
+    empty value for a corrupt one and stopped using the store for the rest of the job."""
+    import torch.distributed as dist
+
+    def client():
+        return C10dStore(dist.TCPStore("127.0.0.1", tcp_store.port, is_master=False, timeout=timedelta(seconds=30)))
+
+    writer, reader = client(), client()
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            writer.set("h/key/0", b"beat")
+            writer.delete("h/key/0")
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        seen = [reader.get("h/key/0") for _ in range(3000)]
+    finally:
+        stop.set()
+        thread.join()
+    assert set(seen) <= {None, b"beat"}
+    assert b"beat" in seen and None in seen  # the reads did race the writer
+
+
 def test_wait_any(store):
     threading.Timer(0.2, store.set, args=("late", b"1")).start()
     assert store.wait_any(["never", "late"], timeout=timedelta(seconds=5)) == "late"

@@ -51,7 +51,10 @@ class C10dStore(Store):
         def read():
             if not self._store.check([full]):
                 return None
-            return bytes(self._store.get(full))
+            # A key deleted between check and get (a claim's heartbeat, as its owner
+            # publishes) reads as b"" from TCPStore's libuv server. Every value we write
+            # starts with a tag byte, so an empty one means absent.
+            return bytes(self._store.get(full)) or None
 
         return self._call("get", read)
 
