@@ -28,14 +28,14 @@ Triton tuning hooks (``triton_tuning_hooks``): ``CachingAutotuner.autotune_to_on
 from 2.11.0's source on the GPU host (``benchmarks/gpu/logs-2026-11-22-c/``) and from 2.13.0's
 here. On 2.11.0 (H200) the search/descent hold, the winner's Triton entry, the
 ``read_best``/``recheck_autotune_cache`` backports and the ``filename`` fix ran in the GPU tier
-(it passes). Routing the autotune cache of kernels compiled in compile workers
-(``CachingAutotuner.restore_after_unpickle``, ``autotune_cache``,
-``AutotuneCache._prepare_key``/``_setup_remote_autotune_cache``/``remote_cache``) was read from
-2.13.0's source and runs on CPU against Inductor's real ``AutotuneCache``; it has not run on a
-GPU. 2.11.0's own copy was not read; in the public PyTorch sources searched, every
-``AutotuneCache`` that has ``_prepare_key`` passes its result to ``_setup_remote_autotune_cache``
-(as used here), and ``async_compile`` calls ``restore_after_unpickle(old_values=None)`` on each
-kernel a worker returns; without ``_prepare_key`` the hook does nothing.
+(it passes). Routing the autotune cache of kernels compiled in compile workers and of
+static autotuners from FX entries (``CachingAutotuner.restore_after_unpickle``,
+``save_cache_hook``, ``recheck_autotune_cache``, ``AutotuneCache._prepare_key``/
+``_setup_remote_autotune_cache``/``remote_cache``) was read from 2.13.0's source and checked
+on 2.11.0 (``benchmarks/gpu/logs-2026-11-22-e/compat-torch211*.txt``: same signatures; the
+cache is reached only through the bound ``save_cache_hook``); it ran on 2.11.0 (1 x H200,
+8 ranks: followers 0 autotune misses) but not yet in the 2-GPU tier. Without ``_prepare_key``
+the hook does nothing.
 """
 
 from __future__ import annotations
