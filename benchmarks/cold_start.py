@@ -157,6 +157,14 @@ def summarize(runs: list[dict], alone_s: float, warm_s: float) -> dict:
     }
 
 
+def job_file(directory: str | None, name: str) -> Path | None:
+    """``directory/name``, the directory made if needed; ``None`` without a directory."""
+    if not directory:
+        return None
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return Path(directory) / name
+
+
 def fmt_bytes(n: float) -> str:
     return "0" if not n else f"{n / 1e6:.1f} MB"
 
@@ -202,14 +210,8 @@ def main() -> None:
                         redis.flush()
                     store = redis.url if (uses_redis and method == "compile-once") else None
                     redis_url = redis.url if redis else None
-                    profile = None
-                    if args.profile:
-                        Path(args.profile).mkdir(parents=True, exist_ok=True)
-                        profile = Path(args.profile) / f"{args.label}-n{n}-{name[1]}-{rep}.txt"
-                    log = None
-                    if args.job_logs:
-                        Path(args.job_logs).mkdir(parents=True, exist_ok=True)
-                        log = Path(args.job_logs) / f"{args.label}-n{n}-{name[1]}-{rep}.log"
+                    profile = job_file(args.profile, f"{args.label}-n{n}-{name[1]}-{rep}.txt")
+                    log = job_file(args.job_logs, f"{args.label}-n{n}-{name[1]}-{rep}.log")
                     run = run_job(n, method, job_args, gpus=args.gpus, store=store,
                                   redis_url=redis_url if method == "inductor-redis" else None, profile=profile, log=log)
                     if profile:
