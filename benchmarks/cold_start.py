@@ -175,7 +175,8 @@ def main() -> None:
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--gpus", type=int, default=0, help="GPUs on this host (0: CPU, gloo)")
-    p.add_argument("--rows", nargs="+", default=list("abcdef"), help="which rows, by letter")
+    p.add_argument("--rows", nargs="+", default=list("abcdef"),
+                   help="which rows, by letter; 'none': only the one-rank references (for --references later)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     p.add_argument("--references", default=None,
                    help="reuse the one-rank references of an earlier run's benchmarks/results/<label>.json")
@@ -187,6 +188,8 @@ def main() -> None:
     p.add_argument("job_args", nargs=argparse.REMAINDER, help="after --: model flags for cold_start_job.py")
     args = p.parse_args()
     job_args = [a for a in args.job_args if a != "--"]
+    if args.rows != ["none"] and not set(args.rows) <= set("abcdef"):
+        p.error(f"--rows takes letters a-f, or none: {' '.join(args.rows)}")
     rows = {name: ROWS[name] for letter in args.rows for name in ROWS if name[1] == letter}  # in the order asked
     redis = Redis() if any(uses for _, uses in rows.values()) else None
     try:

@@ -6,10 +6,14 @@
 #   bash benchmarks/gpu/session.sh n8        # cold start, N=8 emulated on 2 GPUs (gloo), rows $ROWS (default a d e);
 #                                            # JOB_LOGS=<dir> keeps each job's output (COLD_START_LOG_LEVEL=DEBUG: coordinator lines)
 #   bash benchmarks/gpu/session.sh large     # cold start, N=$RANKS (default 2), the 12-layer GPT (d=768, T=512), rows $ROWS
-#                                            # (default a d e); LARGE_REFS=<results json> reuses its references
+#                                            # (default a d e); LARGE_REFS=<results json> reuses its references;
+#                                            # MODE=max-autotune-no-cudagraphs compiles in that mode
 #   bash benchmarks/gpu/session.sh profile8  # N=8 emulated, rows d e under py-spy: where the leader's time goes
 #   bash benchmarks/gpu/session.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
 #                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>
+# ROWS=none measures only the one-rank references (saved to benchmarks/results/$LABEL.json, for
+# MAC_REFS/LARGE_REFS in a later call). n2/n8 reuse the first session's references; REFS= (empty)
+# measures them again on this machine.
 # Each step stops at BUDGET_S seconds (default 570), so that one device call (10 minutes at
 # most) returns what it measured; cold_start.py saves its table after every run.
 set -uo pipefail
@@ -21,7 +25,7 @@ START=$SECONDS
 left() { echo $(( ${BUDGET_S:-570} - (SECONDS - START) )); }
 SMALL="--dim 512 --seq 256 --layers 4"
 LARGE="--dim 768 --seq 512 --layers 12"
-REFS=benchmarks/results/gpu-small-default-references.json
+REFS=${REFS-benchmarks/results/gpu-small-default-references.json}
 
 case "${1:?timeout | tier | n2 | n8 | large | profile8 | mac}" in
   timeout)
@@ -36,21 +40,21 @@ case "${1:?timeout | tier | n2 | n8 | large | profile8 | mac}" in
   n2)
     label=${LABEL:-gpu-small-n2}
     timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks 2 --repeat "${REPEAT:-3}" \
-      --rows ${ROWS:-a d e c f} --references "$REFS" --out "$OUT/$label.md" -- $SMALL 2>&1 | tee "$OUT/$label.log"
+      --rows ${ROWS:-a d e c f} ${REFS:+--references "$REFS"} --out "$OUT/$label.md" -- $SMALL 2>&1 | tee "$OUT/$label.log"
     cp "benchmarks/results/$label.json" "$OUT/"
     ;;
   n8)
     label=${LABEL:-gpu-small-n8}
     timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks 8 --repeat "${REPEAT:-3}" \
-      --rows ${ROWS:-a d e} --references "$REFS" ${JOB_LOGS:+--job-logs "$JOB_LOGS"} --out "$OUT/$label.md" \
+      --rows ${ROWS:-a d e} ${REFS:+--references "$REFS"} ${JOB_LOGS:+--job-logs "$JOB_LOGS"} --out "$OUT/$label.md" \
       -- $SMALL 2>&1 | tee "$OUT/$label.log"
     cp "benchmarks/results/$label.json" "$OUT/"
     if [ -n "${JOB_LOGS:-}" ]; then tar czf "$OUT/$label-job-logs.tgz" -C "$JOB_LOGS" .; fi
     ;;
   large)
-    label=${LABEL:-gpu-large-n${RANKS:-2}}
+    label=${LABEL:-gpu-large${MODE:+-mac}-n${RANKS:-2}}
     timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks "${RANKS:-2}" --repeat "${REPEAT:-3}" \
-      --rows ${ROWS:-a d e} ${LARGE_REFS:+--references "$LARGE_REFS"} --out "$OUT/$label.md" -- $LARGE 2>&1 | tee "$OUT/$label.log"
+      --rows ${ROWS:-a d e} ${LARGE_REFS:+--references "$LARGE_REFS"} --out "$OUT/$label.md" -- $LARGE ${MODE:+--mode "$MODE"} 2>&1 | tee "$OUT/$label.log"
     cp "benchmarks/results/$label.json" "$OUT/"
     ;;
   mac)
@@ -63,7 +67,7 @@ case "${1:?timeout | tier | n2 | n8 | large | profile8 | mac}" in
   profile8)
     label=${LABEL:-gpu-small-n8-profile}
     timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks 8 --repeat "${REPEAT:-2}" \
-      --rows ${ROWS:-d e} --references "$REFS" --profile "${PROFILE_DIR:-/tmp/profiles}" --out "$OUT/$label.md" \
+      --rows ${ROWS:-d e} ${REFS:+--references "$REFS"} --profile "${PROFILE_DIR:-/tmp/profiles}" --out "$OUT/$label.md" \
       -- $SMALL 2>&1 | tee "$OUT/$label.log"
     python3 benchmarks/profile_summary.py "benchmarks/results/$label.json" | tee "$OUT/$label-phases.md"
     cp "benchmarks/results/$label.json" "$OUT/"
