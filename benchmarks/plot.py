@@ -3,7 +3,7 @@
     python benchmarks/plot.py --out benchmarks/cold_start.png NAME=LOG [NAME=LOG ...]
 
 Each LOG is the printed output of one or more ``cold_start.py`` runs (the per-row lines
-``N=2 (d) compile_once, job store   21.04s (1.52x) ...``). One panel per NAME: for each N,
+``N=2 (d) compile_once, job store   21.04s (1.52x) ...``). One panel per NAME, two to a row: for each N,
 a bar per row, height = time until all ranks finish step 1 ÷ one rank compiling alone,
 with the 1.10× target drawn in.
 """
@@ -37,8 +37,12 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(args.panels), figsize=(7 * len(args.panels), 4.5), squeeze=False)
-    for ax, panel in zip(axes[0], args.panels):
+    cols = min(len(args.panels), 2)
+    rows_of_panels = -(-len(args.panels) // cols)
+    fig, axes = plt.subplots(rows_of_panels, cols, figsize=(7 * cols, 4.5 * rows_of_panels), squeeze=False)
+    for ax in axes.flat[len(args.panels):]:
+        ax.set_visible(False)
+    for ax, panel in zip(axes.flat, args.panels):
         name, _, logs = panel.partition("=")
         rows: dict[int, dict[str, float]] = {}
         for log in logs.split(","):
@@ -53,6 +57,7 @@ def main() -> None:
             ax.bar_label(bars, labels=[f"{h:.2f}" if h else "not run" for h in heights], fontsize=7)
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.axhline(1.1, color="red", linestyle="--", linewidth=0.8, label="target 1.10×")
+        ax.set_ylim(top=max(ax.get_ylim()[1], 1.25))  # room above the target line
         ax.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(methods))])
         ax.set_xticklabels([textwrap.fill(m, 14) for m in methods], fontsize=7)
         ax.set_ylabel("all ranks done step 1 ÷ one rank compiling alone")
