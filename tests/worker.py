@@ -44,8 +44,9 @@ def count_cpp_builds() -> dict[str, int]:
 
     "kernel" builds produce a kernel library; "header" builds preprocess or precompile
     Inductor's C++ prefix header (once per node, when precompiled headers are on);
-    "isa_probe" builds are Inductor's CPU vector-ISA check (a tiny kernel built once
-    per cache dir, before any graph is looked up).
+    "isa_probe" builds are Inductor's CPU feature checks (``cpu_vec_isa``: tiny sources
+    defining a ``*_chk_kernel`` function, built once per cache dir). Which run depends on
+    the CPU: AVX2 or AVX-512, and on CPUs with those extensions, AVX512-BF16, -VNNI and AMX.
     """
     from torch._inductor import cpp_builder
 
@@ -57,7 +58,7 @@ def count_cpp_builds() -> dict[str, int]:
             return "header"
         try:
             with open(os.path.splitext(target)[0] + ".cpp") as f:
-                if "_chk_kernel()" in f.read():
+                if "_chk_kernel" in f.read():
                     return "isa_probe"
         except OSError:
             pass
