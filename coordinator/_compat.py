@@ -33,9 +33,9 @@ static autotuners from FX entries (``CachingAutotuner.restore_after_unpickle``,
 ``save_cache_hook``, ``recheck_autotune_cache``, ``AutotuneCache._prepare_key``/
 ``_setup_remote_autotune_cache``/``remote_cache``) was read from 2.13.0's source and checked
 on 2.11.0 (``benchmarks/gpu/logs-2026-11-22-e/compat-torch211*.txt``: same signatures; the
-cache is reached only through the bound ``save_cache_hook``); it ran on 2.11.0 (1 x H200,
-8 ranks: followers 0 autotune misses) but not yet in the 2-GPU tier. Without ``_prepare_key``
-the hook does nothing.
+cache is reached only through the bound ``save_cache_hook``); it ran on 2.11.0 on 1 x H200
+(8 ranks) and in the 2-GPU tier (it passes; ``benchmarks/gpu/logs-2026-11-22-f/``), and at N=8
+on 2 GPUs followers had 0 autotune misses. Without ``_prepare_key`` the hook does nothing.
 """
 
 from __future__ import annotations
