@@ -215,7 +215,7 @@ class Session:
             extension = float(int(saved_s)) if _compat.has_nccl_process_group() else 0.0
         else:
             extension = _compat.extend_nccl_timeouts(saved_s)
-        self.stats.record_hit(kind, len(result.value), saved_s, extension, kernels)
+        self.stats.record_hit(kind, len(result.value), saved_s, extension, kernels, from_node=result.outcome == "node")
         log.debug("compile_once: %s hit %s (%s, %d kernels): %s", kind, key, result.outcome, kernels,
                   sealed.payload[:100] if kind == "autotune" else "")
         return sealed.payload

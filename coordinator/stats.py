@@ -3,7 +3,10 @@
 ``compile_once`` logs :meth:`Stats.summary` on exit and ``coordinator.stats()``
 returns :meth:`Stats.as_dict`. "Compiled locally" counts FX-graph misses (each one
 is a graph this rank compiled); "received" counts FX graphs loaded from another rank;
-"shared" counts graphs this rank found in its own local cache and published.
+"shared" counts graphs this rank found in its own local cache and published. Bytes
+"received" are those fetched from the store; values read again from this node's copy
+(a graph that repeats, as a transformer's layers do, or one a local rank fetched) are
+counted apart, as ``bytes_from_node``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class Stats:
         self.kinds: dict[str, KindCounts] = defaultdict(KindCounts)
         self.waited_s = 0.0
         self.bytes_received = 0
+        self.bytes_from_node = 0
         self.bytes_published = 0
         self.kernels_received = 0
         self.compile_time_saved_s = 0.0
@@ -41,10 +45,14 @@ class Stats:
         self.shared_from_local = 0
         self.store = "none"
 
-    def record_hit(self, kind: str, nbytes: int, saved_s: float, extension_s: float, kernels: int) -> None:
+    def record_hit(self, kind: str, nbytes: int, saved_s: float, extension_s: float, kernels: int,
+                   *, from_node: bool = False) -> None:
         with self._lock:
             self.kinds[kind].hits += 1
-            self.bytes_received += nbytes
+            if from_node:
+                self.bytes_from_node += nbytes
+            else:
+                self.bytes_received += nbytes
             self.compile_time_saved_s += saved_s
             self.timeout_extension_s += extension_s
             self.kernels_received += kernels
@@ -87,6 +95,7 @@ class Stats:
                 "graphs_shared_from_local_cache": self.shared_from_local,
                 "waited_s": round(self.waited_s, 3),
                 "bytes_received": self.bytes_received,
+                "bytes_from_node": self.bytes_from_node,
                 "bytes_published": self.bytes_published,
                 "kernels_received": self.kernels_received,
                 "compile_time_saved_s": round(self.compile_time_saved_s, 3),
@@ -104,7 +113,8 @@ class Stats:
         return (
             f"compile_once rank {d['rank']}: {d['graphs_compiled']} graphs compiled locally, "
             f"{d['graphs_received']} received, {d['graphs_shared_from_local_cache']} shared from its local cache; waited {d['waited_s']:.1f}s; "
-            f"received {d['bytes_received'] / 1e6:.2f} MB; compile time saved {d['compile_time_saved_s']:.1f}s; "
+            f"received {d['bytes_received'] / 1e6:.2f} MB (and {d['bytes_from_node'] / 1e6:.2f} MB "
+            f"from this node's copy); compile time saved {d['compile_time_saved_s']:.1f}s; "
             f"NCCL timeout extended by {d['timeout_extension_s']:.0f}s; rejected {d['rejected']}; "
             f"store {d['store']} ({d['store_calls']} calls, {d['store_s']:.1f}s)"
         )

@@ -1,4 +1,5 @@
-"""Tampered, truncated, wrongly signed and replayed values are refused, never loaded."""
+"""Tampered, truncated, wrongly signed and replayed values are refused, never loaded; and
+the bytes of values that do arrive are counted once per fetch from the store."""
 
 from __future__ import annotations
 
@@ -97,6 +98,26 @@ def test_session_treats_bad_values_as_misses(tmp_path, caplog, monkeypatch, atta
         assert reader.get("fx_graph", "pt2:fx-graph-v1::key:c1") is None
     assert "rejected fx_graph entry" in caplog.text
     assert reader.stats.as_dict()["rejected"] == 1
+    writer.close()
+    reader.close()
+
+
+def test_a_repeated_graph_is_received_once_and_reread_from_the_node(tmp_path, monkeypatch):
+    """A transformer's layers compile to one FX graph, looked up once per layer. The store
+    sends it once; the repeats read this node's copy (verified again), and the bytes
+    received count the store's bytes only."""
+    url = f"file://{tmp_path / 'store'}"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "writer-node"))
+    writer = _session(url)
+    writer.put("fx_graph", "pt2:fx-graph-v1::layer", b"compiled layer" * 1000)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "reader-node"))
+    reader = _session(url)
+    for _ in range(3):
+        assert reader.get("fx_graph", "pt2:fx-graph-v1::layer") == b"compiled layer" * 1000
+    stats = reader.stats.as_dict()
+    sent = len(writer.flight().store.get(f"v/{writer._key('fx_graph', 'pt2:fx-graph-v1::layer')}"))
+    assert (stats["graphs_received"], stats["store_fetches"]) == (3, 1)
+    assert (stats["bytes_received"], stats["bytes_from_node"]) == (sent, 2 * sent)
     writer.close()
     reader.close()
 
