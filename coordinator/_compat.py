@@ -36,6 +36,9 @@ on 2.11.0 (``benchmarks/gpu/logs-2026-11-22-e/compat-torch211*.txt``: same signa
 cache is reached only through the bound ``save_cache_hook``); it ran on 2.11.0 on 1 x H200
 (8 ranks) and in the 2-GPU tier (it passes; ``benchmarks/gpu/logs-2026-11-22-f/``), and at N=8
 on 2 GPUs followers had 0 autotune misses. Without ``_prepare_key`` the hook does nothing.
+Wrapping ``CachingAutotuner.precompile`` (a kernel's first launch compiles its configs there,
+before the search: ``run()`` in 2.11.0's source above and in 2.13.0's) was added in the
+seventh session and checked on 2.13.0 (CPU) only, not yet on a GPU.
 """
 
 from __future__ import annotations
@@ -364,14 +367,14 @@ def triton_cache_dir(device: int | None = None) -> str:
 
 
 @contextlib.contextmanager
-def triton_tuning_hooks(on_tuning: Callable[[], None],
+def triton_tuning_hooks(tuning: Callable[[], contextlib.AbstractContextManager[None]],
                         compiling: Callable[[], bool] = lambda: False) -> Iterator[None]:
     """Watch Triton kernels tune at their first launch, for the duration.
 
-    Wraps ``CachingAutotuner.autotune_to_one_config`` (the config search) and
-    ``CachingAutotuner.coordinate_descent_tuning``: calls ``on_tuning()`` as each starts
-    (the session keeps its autotune claims alive while this rank tunes), and runs the
-    :func:`defer_autotune_save` protocol. Wraps ``restore_after_unpickle`` to route the
+    Wraps ``CachingAutotuner.precompile`` (at the first launch, it compiles every config),
+    ``autotune_to_one_config`` (the config search) and ``coordinate_descent_tuning``: each
+    runs inside ``tuning()`` (the session keeps its autotune claims alive while this rank
+    tunes), and the last two run the :func:`defer_autotune_save` protocol. Wraps ``restore_after_unpickle`` to route the
     autotune cache of kernels compiled in compile workers, and of static autotuners from FX
     entries as they are rechecked (:func:`route_autotune_cache`; it claims the keys of the
     first while ``compiling()``). On
@@ -383,6 +386,9 @@ def triton_tuning_hooks(on_tuning: Callable[[], None],
     autotuner = th.CachingAutotuner
     originals = {name: autotuner.__dict__[name] for name in
                  ("autotune_to_one_config", "coordinate_descent_tuning", "recheck_autotune_cache")}
+    has_precompile = "precompile" in autotuner.__dict__
+    if has_precompile:
+        originals["precompile"] = autotuner.__dict__["precompile"]
     has_restore = "restore_after_unpickle" in autotuner.__dict__
     if has_restore:
         originals["restore_after_unpickle"] = autotuner.__dict__["restore_after_unpickle"]
@@ -392,25 +398,30 @@ def triton_tuning_hooks(on_tuning: Callable[[], None],
         if old_values is None:  # a kernel compiled in a compile worker, arriving in this process
             route_autotune_cache(self, claim=compiling())
 
+    def precompile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with tuning():
+            return originals["precompile"](self, *args, **kwargs)
+
     def autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        on_tuning()
         log.debug("config search for %s (coordinate descent %s)", self.inductor_meta.get("kernel_name"),
                   self.inductor_meta.get("coordinate_descent_tuning"))
         if not self.inductor_meta.get("coordinate_descent_tuning"):
-            return originals["autotune_to_one_config"](self, *args, **kwargs)
+            with tuning():
+                return originals["autotune_to_one_config"](self, *args, **kwargs)
         # run() descends next; the descent's wrapper publishes what is held.
         _tuning.stage, _tuning.pending = "search", None
         try:
-            return originals["autotune_to_one_config"](self, *args, **kwargs)
+            with tuning():
+                return originals["autotune_to_one_config"](self, *args, **kwargs)
         finally:
             _tuning.stage = None
 
     def coordinate_descent_tuning(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
-        on_tuning()
         held_from_search = getattr(_tuning, "pending", None)
         _tuning.stage, _tuning.pending = "descent", None
         try:
-            winner = originals["coordinate_descent_tuning"](self, launcher, *args, **kwargs)
+            with tuning():
+                winner = originals["coordinate_descent_tuning"](self, launcher, *args, **kwargs)
         except BaseException:
             _tuning.stage = _tuning.pending = None
             raise
@@ -454,6 +465,8 @@ def triton_tuning_hooks(on_tuning: Callable[[], None],
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
     original_read_best = AutotuneCache.__dict__["read_best"]
+    if has_precompile:
+        autotuner.precompile = precompile
     autotuner.autotune_to_one_config = autotune_to_one_config
     autotuner.coordinate_descent_tuning = coordinate_descent_tuning
     autotuner.recheck_autotune_cache = recheck_autotune_cache

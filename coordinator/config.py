@@ -111,8 +111,9 @@ class Config:
 
     autotune_grace: timedelta = timedelta(seconds=5)
     """How long a rank keeps its claim on a Triton kernel's autotune result after the
-    compile, and after each kernel tuning it starts: the result comes when the kernel
-    first runs, and kernels tune one after another. Ranks waiting for it get it
+    compile, and after each tuning step of a kernel's first launch (compiling its configs,
+    the search, the descent; claims are kept throughout a step): the result comes when the
+    kernel first runs, and kernels tune one after another. Ranks waiting for it get it
     instead of benchmarking; past the grace they benchmark themselves. Short, because a
     claim whose result never comes stalls its waiters for the whole grace (30 s stalls
     at N=8 on GPUs with the former 30 s; see benchmarks/RESULTS.md)."""

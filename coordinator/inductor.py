@@ -56,6 +56,6 @@ def route_caches(session: Session) -> Iterator[None]:
         _compat.routed_remote_caches(backends),
         _compat.on_compile_end(session.compile_ended),
         _compat.on_fx_graph_served(session.fx_graph_served) if share else contextlib.nullcontext(),
-        _compat.triton_tuning_hooks(session.tuning_started, session.compiling) if tune else contextlib.nullcontext(),
+        _compat.triton_tuning_hooks(session.tuning, session.compiling) if tune else contextlib.nullcontext(),
     ):
         yield

@@ -19,6 +19,7 @@ can end the job.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -299,11 +300,13 @@ class Session:
         """Whether a compile of this rank holds claims (it compiles graphs it claimed)."""
         return self._flight is not None and self._flight.holds_claims()
 
-    def tuning_started(self) -> None:
-        """This rank began tuning a Triton kernel at its first launch: autotune claims
-        kept after the compile stay another ``config.autotune_grace``."""
-        if self._flight is not None:
-            self._flight.extend_kept(self.config.autotune_grace.total_seconds())
+    def tuning(self) -> contextlib.AbstractContextManager[None]:
+        """This rank compiles, searches or descends a Triton kernel's configs at its first
+        launch: autotune claims kept after the compile stay meanwhile, and another
+        ``config.autotune_grace`` after it."""
+        if self._flight is None:
+            return contextlib.nullcontext()
+        return self._flight.tuning(self.config.autotune_grace.total_seconds())
 
     def _publish(self, flight: Singleflight, kind: str, key: str, data: bytes, files: dict[str, bytes]) -> None:
         match = _TIME_TAKEN.search(data[-256:])

@@ -38,20 +38,22 @@ waiting ranks can form. One exception is bounded: a claim whose value comes only
 after its compile ended (a Triton kernel's autotune result, saved when the kernel
 first runs) may be kept for a grace period (:meth:`Singleflight.abandon_all`), during
 which its holder may wait for other keys; a cycle through it ends when the grace
-does. Any store failure disables the store for this process and
+does. The grace does not run out while the holder tunes kernels (:meth:`Singleflight.tuning`):
+a tuning step ends without any collective. Any store failure disables the store for this process and
 every later lookup returns ``None``: losing the coordinator costs compile time,
 never the job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import msgpack
@@ -122,6 +124,7 @@ class Singleflight:
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._broken: str | None = None
+        self._tuning = 0  # tuning steps in progress: kept claims do not run out meanwhile
 
     # -- state -------------------------------------------------------------------------
 
@@ -333,6 +336,23 @@ class Singleflight:
                 if claim.abandon_at is not None and claim.abandon_at < deadline:
                     claim.abandon_at = deadline
 
+    @contextlib.contextmanager
+    def tuning(self, grace: float) -> Iterator[None]:
+        """Keep kept claims for the duration, and ``grace`` more seconds after it.
+
+        One kernel's first launch compiles its configs, benchmarks them and may descend
+        for seconds, longer than the grace; the kernels after it, whose claims are kept
+        too, publish only when their turn comes. None of it waits on another rank.
+        """
+        with self._lock:
+            self._tuning += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._tuning -= 1
+            self.extend_kept(grace)
+
     def _drop_claim(self, key: str, *, delete: bool) -> None:
         with self._lock:
             claim = self._claims.pop(key, None)
@@ -364,8 +384,9 @@ class Singleflight:
                 next_beat = now + interval
             with self._lock:
                 claims = list(self._claims.items())
+                tuning = self._tuning > 0
             for key, claim in claims:
-                if claim.abandon_at is not None and now >= claim.abandon_at:
+                if claim.abandon_at is not None and now >= claim.abandon_at and not tuning:
                     log.debug("no value for %s within its grace after the compile; abandoning", key)
                     self.abandon(key)
                 elif beat:

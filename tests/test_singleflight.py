@@ -105,6 +105,32 @@ def test_kept_claim_ends_with_its_grace(store):
     leader.close()
 
 
+def test_kept_claim_lasts_through_a_tuning_step_longer_than_its_grace(store):
+    """A kernel's first launch compiles and searches its configs for longer than the grace
+    (seen with max-autotune on the GPU host): claims kept after the compile last through
+    the step, whose result then reaches the waiters, and end a grace after it."""
+    leader, follower = flight(store, 0, lease=30.0), flight(store, 1, lease=30.0)
+    leader.lookup("g/autotune/k", blocking=True)
+    leader.lookup("g/autotune/never", blocking=True)  # a kernel that never runs
+    leader.abandon_all(keep=lambda key: True, grace=1.0)
+
+    def first_launch():
+        with leader.tuning(1.0):
+            time.sleep(2.5)
+        leader.publish("g/autotune/k", b"best")
+
+    tuner = threading.Thread(target=first_launch)
+    tuner.start()
+    r = follower.lookup("g/autotune/k", blocking=True)
+    assert (r.value, r.outcome) == (b"best", "waited")
+    ended = time.monotonic()
+    r = follower.lookup("g/autotune/never", blocking=True)
+    assert (r.value, r.outcome) == (None, "abandoned")
+    assert time.monotonic() - ended < 5.0  # the grace after the step, not the 30 s lease
+    tuner.join()
+    leader.close()
+
+
 def test_nonblocking_lookup_never_waits_or_claims(store):
     leader = flight(store, 0)
     leader.lookup("k", blocking=True)

@@ -64,14 +64,19 @@ class StandInTuner:
     """Saves as Inductor's CachingAutotuner does: a config search saves its pick; a
     coordinate descent compiles configs into the Triton cache and saves its winner."""
 
-    def __init__(self, session: Session, name: str, triton_dir, coordesc: bool, descends: bool = True):
+    def __init__(self, session: Session, name: str, triton_dir, coordesc: bool, descends: bool = True,
+                 precompile_s: float = 0.0):
         self.session, self.name, self.triton_dir, self.descends = session, name, triton_dir, descends
+        self.precompile_s = precompile_s
         self.inductor_meta = {"coordinate_descent_tuning": coordesc, "kernel_name": name}
         self.triton_meta = {"device": 0}
 
     def save(self, config: dict, found_by_coordesc: bool) -> None:
         data = json.dumps({**config, "configs_hash": "h", "found_by_coordesc": found_by_coordesc, "time_taken_ms": 9})
         self.session.put("autotune", self.name, data.encode())
+
+    def precompile(self):  # compiles every config: seconds for a large kernel
+        time.sleep(self.precompile_s)
 
     def autotune_to_one_config(self):
         self.save({"XBLOCK": 64, "num_warps": 4}, found_by_coordesc=False)
@@ -84,6 +89,7 @@ class StandInTuner:
         return SimpleNamespace(cache_hash=f"WIN{self.name[-1]}")
 
     def first_launch(self) -> None:  # CachingAutotuner.run's order
+        self.precompile()
         self.autotune_to_one_config()
         if self.inductor_meta["coordinate_descent_tuning"]:
             self.coordinate_descent_tuning(SimpleNamespace(cache_hash="SEARCH"))
@@ -97,7 +103,7 @@ def tuning(tmp_path, monkeypatch):
     triton_dir = tmp_path / "leader-triton"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_dir))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "leader-node"))
-    for name in ("autotune_to_one_config", "coordinate_descent_tuning"):
+    for name in ("precompile", "autotune_to_one_config", "coordinate_descent_tuning"):
         monkeypatch.setattr(th.CachingAutotuner, name, getattr(StandInTuner, name))
     monkeypatch.setattr(_compat, "_torch_before", lambda *version: False)  # no recheck backport: no CUDA here
     url = f"file://{tmp_path / 'store'}"
@@ -110,7 +116,7 @@ def tuning(tmp_path, monkeypatch):
         blob = store.get(f"v/{leader._key('autotune', name)}")
         return None if blob is None else open_sealed(leader._key("autotune", name), blob)
 
-    with _compat.triton_tuning_hooks(leader.tuning_started):
+    with _compat.triton_tuning_hooks(leader.tuning):
         yield SimpleNamespace(leader=leader, published=published, triton_dir=triton_dir, url=url,
                               tuner=lambda name, **kw: StandInTuner(leader, name, triton_dir, **kw),
                               call=lambda tuner, method, *a: getattr(th.CachingAutotuner, method)(tuner, *a))
@@ -154,7 +160,7 @@ def test_kernels_without_a_descent_publish_their_search_result(tuning):
 
 def test_tuning_keeps_unpublished_autotune_claims_alive(tuning):
     """Kernels tune one after another at the first launch; a kept claim's grace counts
-    from the last tuning this rank started, not from the end of its compile."""
+    from the end of the last tuning step of this rank, not from the end of its compile."""
     key = tuning.leader._key("autotune", "triton_poi_fused_9")
     leader = tuning.leader.flight()
     leader.lookup(key, blocking=True)  # claimed during the compile
@@ -165,6 +171,25 @@ def test_tuning_keeps_unpublished_autotune_claims_alive(tuning):
     follower = Session(Config(store=tuning.url)).flight()
     r = follower.lookup(key, blocking=True)
     assert (r.value, r.outcome) == (b"best", "waited")
+    follower.close()
+
+
+def test_a_first_launch_that_outlasts_the_grace_keeps_the_claims(tuning):
+    """Compiling a kernel's configs at its first launch can take longer than the grace (on
+    the GPU host, 5 s with max-autotune): the claims of the kernels after it stay, so their
+    waiters get the leader's configs instead of tuning themselves."""
+    key = tuning.leader._key("autotune", "triton_per_fused_5")
+    leader = tuning.leader.flight()
+    leader.lookup(key, blocking=True)  # claimed during the compile
+    leader.abandon_all(keep=lambda key: True, grace=0.5)  # the compile ended, unpublished
+    follower = Session(Config(store=tuning.url)).flight()
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(follower.lookup(key, blocking=True)))
+    waiter.start()
+    tuning.call(tuning.tuner("triton_per_fused_4", coordesc=False, precompile_s=2.0), "precompile")  # 4 graces
+    leader.publish(key, b"best")  # the next kernel's turn
+    waiter.join(timeout=30)
+    assert [(r.value, r.outcome) for r in got] == [(b"best", "waited")]
     follower.close()
 
 
