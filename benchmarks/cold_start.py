@@ -6,8 +6,10 @@
 For each N, runs ``benchmarks/cold_start_job.py`` under torchrun once per method and
 repeat (rows: every rank alone; PyTorch's own Redis remote caches; Mega-Cache by
 hand; ``compile_once`` over the job's store; ``compile_once`` over Redis; the bundle
-broadcast), plus two references: one rank compiling alone, and one rank whose local
-cache is already warm. With ``--gpus G``, N <= G runs one rank per GPU over NCCL
+broadcast), plus three references: one rank compiling alone, one rank whose local
+cache is already warm, and all N ranks warm (their step 1 includes what a follower's
+does beyond a lone rank's: the gradient all-reduce, and GPUs and cores shared with the
+other ranks). With ``--gpus G``, N <= G runs one rank per GPU over NCCL
 (``--virtual-local-rank``: every rank sees its GPU as cuda:0), and N > G emulates N
 ranks on G GPUs over gloo. Redis rows start a Redis server of their own and flush it
 before every run.
@@ -15,7 +17,8 @@ before every run.
 Columns: all ranks done (median s); ÷ one rank compiling alone; compiles summed over
 ranks (FX graphs, and Triton kernels on GPUs); CPU seconds summed over ranks and
 their compile workers; bytes moved between ranks; a follower's own step 1 (from
-the moment it has what it waits for) ÷ the step 1 of a rank with a warm local cache.
+the moment it has what it waits for) ÷ the step 1 of a rank with a warm local cache,
+alone and in an N-rank job whose ranks are all warm.
 Prints the table, writes the raw runs to ``benchmarks/results/<label>.json`` and the
 table, command and machine into ``benchmarks/RESULTS.md`` (its own marked section).
 """
@@ -121,23 +124,33 @@ def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str |
         return result
 
 
-def references(job_args: list[str], gpus: int, repeat: int) -> dict:
-    """One rank compiling alone, and step 1 of one rank whose local cache is warm."""
+def references(job_args: list[str], gpus: int, repeat: int, ranks: list[int]) -> dict:
+    """One rank compiling alone, step 1 of one rank whose local cache is warm, and step 1 of
+    the ranks of an N-rank job that all start warm (one cache dir, for each N > 1)."""
     with tempfile.TemporaryDirectory() as cache:
         # The first alone run compiles into an empty cache dir, as every alone run does, and fills
         # it for the warm runs: one compile fewer, which matters where a compile takes minutes.
         alone = [run_job(1, "alone", job_args, gpus=gpus, cache_dir=cache)]
         warm = [run_job(1, "alone", job_args, gpus=gpus, cache_dir=cache) for _ in range(repeat)]
+        warm_jobs = {n: [run_job(n, "alone", job_args, gpus=gpus, cache_dir=cache) for _ in range(repeat)]
+                     for n in ranks if n > 1}
     alone += [run_job(1, "alone", job_args, gpus=gpus) for _ in range(repeat - 1)]
+    for n, runs in warm_jobs.items():
+        if any(r["fx_misses"] for run in runs for r in run["ranks"]):
+            print(f"warning: the all-warm {n}-rank job compiled graphs: its ranks did not share the warm "
+                  "cache's keys (device index?)", file=sys.stderr)
     return {
         "alone_s": statistics.median(r["all_done_s"] for r in alone),
         "warm_step1_s": statistics.median(r["ranks"][0]["step1_s"] for r in warm),
+        "warm_job_step1_s": {str(n): statistics.median(r["step1_s"] for run in runs for r in run["ranks"])
+                             for n, runs in warm_jobs.items()},
         "alone": alone,
         "warm": warm,
+        "warm_jobs": {str(n): runs for n, runs in warm_jobs.items()},
     }
 
 
-def summarize(runs: list[dict], alone_s: float, warm_s: float) -> dict:
+def summarize(runs: list[dict], alone_s: float, warm_s: float, warm_job_s: float | None) -> dict:
     """One table row from the repeats of one (N, method)."""
     def median(values):
         return statistics.median(values) if values else None
@@ -153,6 +166,7 @@ def summarize(runs: list[dict], alone_s: float, warm_s: float) -> dict:
         "cpu_s": median([sum(r["cpu_s"] for r in run["ranks"]) for run in runs]),
         "moved_bytes": median([run.get("redis_bytes") or sum(r["moved_bytes"] for r in run["ranks"]) for run in runs]),
         "follower_ratio": (median(own) / warm_s) if own else None,
+        "follower_job_ratio": (median(own) / warm_job_s) if own and warm_job_s else None,
         "follower_s": median(own),
     }
 
@@ -198,7 +212,7 @@ def main() -> None:
             raw["references"] = json.loads(Path(args.references).read_text())["references"]
             raw["references"]["from"] = args.references
         else:
-            raw["references"] = references(job_args, args.gpus, args.repeat)
+            raw["references"] = references(job_args, args.gpus, args.repeat, args.ranks)
         alone_s, warm_s = raw["references"]["alone_s"], raw["references"]["warm_step1_s"]
         print(f"one rank compiling alone: {alone_s:.2f}s; step 1 with a warm local cache: {warm_s:.2f}s", flush=True)
         save(args, raw, [], job_args)
@@ -222,11 +236,15 @@ def main() -> None:
                     runs.setdefault((n, name), []).append(run)
                     print(f"N={n} {name:<38} run {rep + 1}: {run['all_done_s']:7.2f}s "
                           f"({run['all_done_s'] / alone_s:.2f}x)", flush=True)
-                    table = [{"n": n_, "row": name_, **summarize(r, alone_s, warm_s)} for (n_, name_), r in runs.items()]
+                    warm_job = raw["references"].get("warm_job_step1_s", {})
+                    table = [{"n": n_, "row": name_, **summarize(r, alone_s, warm_s, warm_job.get(str(n_)))}
+                             for (n_, name_), r in runs.items()]
                     raw["rows"] = [{**row, "runs": runs[row["n"], row["row"]]} for row in table]
                     save(args, raw, table, job_args)  # after every run: a run cut short keeps what it measured
         for row in table:
             follower = "-" if row["follower_ratio"] is None else f"{row['follower_ratio']:.2f}x"
+            if row["follower_job_ratio"] is not None:
+                follower += f" (all-warm job {row['follower_job_ratio']:.2f}x)"
             runs_s = ", ".join(f"{t:.1f}" for t in row["runs_s"])
             print(f"N={row['n']} {row['row']:<38} {row['all_done_s']:7.2f}s ({row['ratio']:.2f}x)  runs {runs_s}  "
                   f"FX {row['fx_compiles']}  Triton {row['triton_compiles']}  CPU {row['cpu_s']:.0f}s  "
@@ -269,18 +287,21 @@ def markdown(args, raw: dict, table: list[dict], job_args: list[str]) -> str:
         "(`benchmarks/cold_start_job.py`: the example GPT, DDP, fwd+bwd+AdamW). "
         f"Medians of the runs listed (up to {args.repeat} per row, run in rounds). One rank compiling alone: {alone_s:.2f} s; "
         f"step 1 with a warm local cache: {warm_s:.2f} s"
+        + "".join(f"; step 1 of the ranks of an all-warm {n}-rank job: {secs:.2f} s"
+                  for n, secs in raw["references"].get("warm_job_step1_s", {}).items())
         + (f" (reused from `{raw['references']['from']}`)." if raw["references"].get("from") else "."),
         "",
         "| N | method | all ranks done step 1 (s) | ÷ one rank alone | runs (s) | FX compiles (sum) | "
-        "Triton compiles (sum) | CPU-s (sum) | bytes moved | follower step 1 ÷ warm |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "Triton compiles (sum) | CPU-s (sum) | bytes moved | follower step 1 ÷ warm | ÷ all-warm job |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in table:
         follower = "-" if row["follower_ratio"] is None else f"{row['follower_ratio']:.2f}× ({row['follower_s']:.2f} s)"
+        job = "-" if row["follower_job_ratio"] is None else f"{row['follower_job_ratio']:.2f}×"
         lines.append(
             f"| {row['n']} | {row['row']} | {row['all_done_s']:.2f} | {row['ratio']:.2f}× | "
             f"{', '.join(f'{t:.1f}' for t in row['runs_s'])} | {row['fx_compiles']} | {row['triton_compiles']} | "
-            f"{row['cpu_s']:.0f} | {fmt_bytes(row['moved_bytes'])} | {follower} |"
+            f"{row['cpu_s']:.0f} | {fmt_bytes(row['moved_bytes'])} | {follower} | {job} |"
         )
     return "\n".join(lines) + "\n"
 
