@@ -39,7 +39,7 @@ after its compile ended (a Triton kernel's autotune result, saved when the kerne
 first runs) may be kept for a grace period (:meth:`Singleflight.abandon_all`), during
 which its holder may wait for other keys; a cycle through it ends when the grace
 does. The grace does not run out while the holder tunes kernels (:meth:`Singleflight.tuning`):
-a tuning step ends without any collective. Any store failure disables the store for this process and
+a tuning step ends without any collective, and meanwhile the holder does not wait. Any store failure disables the store for this process and
 every later lookup returns ``None``: losing the coordinator costs compile time,
 never the job.
 """
@@ -144,10 +144,11 @@ class Singleflight:
         return claim.since if claim else None
 
     def holds_claims(self) -> bool:
-        """Whether a compile of this process holds claims (those kept past their compile
-        by :meth:`abandon_all`'s ``keep`` do not count: they end on their own)."""
+        """Whether this process holds claims that do not end on their own: those of a
+        compile, and during a tuning step (:meth:`tuning`) the ones kept past their compile
+        by :meth:`abandon_all`'s ``keep``. A process that holds claims does not wait."""
         with self._lock:
-            return any(claim.abandon_at is None for claim in self._claims.values())
+            return any(claim.abandon_at is None or self._tuning for claim in self._claims.values())
 
     # -- the protocol --------------------------------------------------------------------
 

@@ -114,8 +114,15 @@ def test_kept_claim_lasts_through_a_tuning_step_longer_than_its_grace(store):
     leader.lookup("g/autotune/never", blocking=True)  # a kernel that never runs
     leader.abandon_all(keep=lambda key: True, grace=1.0)
 
+    other = flight(store, 2, lease=30.0)
+    other.lookup("g/autotune/theirs", blocking=True)
+
     def first_launch():
         with leader.tuning(1.0):
+            # Its claims cannot lapse now, so it must not wait either (no cycle of waits).
+            started = time.monotonic()
+            assert leader.lookup("g/autotune/theirs", blocking=True).outcome == "nonblocking"
+            assert time.monotonic() - started < 1.0
             time.sleep(2.5)
         leader.publish("g/autotune/k", b"best")
 
@@ -129,6 +136,7 @@ def test_kept_claim_lasts_through_a_tuning_step_longer_than_its_grace(store):
     assert time.monotonic() - ended < 5.0  # the grace after the step, not the 30 s lease
     tuner.join()
     leader.close()
+    other.close()
 
 
 def test_nonblocking_lookup_never_waits_or_claims(store):
