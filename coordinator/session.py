@@ -298,7 +298,7 @@ class Session:
 
     def compiling(self) -> bool:
         """Whether a compile of this rank holds claims (it compiles graphs it claimed)."""
-        return self._flight is not None and self._flight.holds_claims()
+        return self._flight is not None and self._flight.compiling()
 
     def tuning(self) -> contextlib.AbstractContextManager[None]:
         """This rank compiles, searches or descends a Triton kernel's configs at its first

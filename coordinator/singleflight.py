@@ -143,10 +143,16 @@ class Singleflight:
             claim = self._claims.get(key)
         return claim.since if claim else None
 
+    def compiling(self) -> bool:
+        """Whether a compile of this process holds claims (those kept past their compile
+        by :meth:`abandon_all`'s ``keep`` do not count)."""
+        with self._lock:
+            return any(claim.abandon_at is None for claim in self._claims.values())
+
     def holds_claims(self) -> bool:
         """Whether this process holds claims that do not end on their own: those of a
-        compile, and during a tuning step (:meth:`tuning`) the ones kept past their compile
-        by :meth:`abandon_all`'s ``keep``. A process that holds claims does not wait."""
+        compile, and during a tuning step (:meth:`tuning`) the kept ones too. A process
+        that holds claims does not wait."""
         with self._lock:
             return any(claim.abandon_at is None or self._tuning for claim in self._claims.values())
 
