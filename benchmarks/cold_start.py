@@ -132,8 +132,8 @@ def references(job_args: list[str], gpus: int, repeat: int, ranks: list[int]) ->
         # it for the warm runs: one compile fewer, which matters where a compile takes minutes.
         alone = [run_job(1, "alone", job_args, gpus=gpus, cache_dir=cache)]
         warm = [run_job(1, "alone", job_args, gpus=gpus, cache_dir=cache) for _ in range(repeat)]
-        warm_jobs = {n: [run_job(n, "alone", job_args, gpus=gpus, cache_dir=cache) for _ in range(repeat)]
-                     for n in ranks if n > 1}
+        warm_jobs = {str(n): [run_job(n, "alone", job_args, gpus=gpus, cache_dir=cache) for _ in range(repeat)]
+                     for n in ranks if n > 1}  # str keys, as JSON keeps them
     alone += [run_job(1, "alone", job_args, gpus=gpus) for _ in range(repeat - 1)]
     for n, runs in warm_jobs.items():
         if any(r["fx_misses"] for run in runs for r in run["ranks"]):
@@ -142,11 +142,11 @@ def references(job_args: list[str], gpus: int, repeat: int, ranks: list[int]) ->
     return {
         "alone_s": statistics.median(r["all_done_s"] for r in alone),
         "warm_step1_s": statistics.median(r["ranks"][0]["step1_s"] for r in warm),
-        "warm_job_step1_s": {str(n): statistics.median(r["step1_s"] for run in runs for r in run["ranks"])
+        "warm_job_step1_s": {n: statistics.median(r["step1_s"] for run in runs for r in run["ranks"])
                              for n, runs in warm_jobs.items()},
         "alone": alone,
         "warm": warm,
-        "warm_jobs": {str(n): runs for n, runs in warm_jobs.items()},
+        "warm_jobs": warm_jobs,
     }
 
 

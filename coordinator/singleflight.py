@@ -154,7 +154,9 @@ class Singleflight:
         compile, and during a tuning step (:meth:`tuning`) the kept ones too. A process
         that holds claims does not wait."""
         with self._lock:
-            return any(claim.abandon_at is None or self._tuning for claim in self._claims.values())
+            if self._tuning:
+                return bool(self._claims)
+        return self.compiling()
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -334,9 +336,8 @@ class Singleflight:
             self._ensure_heartbeat()
         return len(keys) - len(kept)
 
-    def extend_kept(self, grace: float) -> None:
-        """Give claims kept by :meth:`abandon_all` at least ``grace`` more seconds: the
-        rank is still producing their values (tuning one kernel after another)."""
+    def _extend_kept(self, grace: float) -> None:
+        """Give claims kept by :meth:`abandon_all` at least ``grace`` more seconds."""
         deadline = time.monotonic() + grace
         with self._lock:
             for claim in self._claims.values():
@@ -358,7 +359,7 @@ class Singleflight:
         finally:
             with self._lock:
                 self._tuning -= 1
-            self.extend_kept(grace)
+            self._extend_kept(grace)
 
     def _drop_claim(self, key: str, *, delete: bool) -> None:
         with self._lock:
