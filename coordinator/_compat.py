@@ -193,15 +193,47 @@ def on_compile_end(callback: Callable[[], None]) -> Iterator[None]:
             callback_handler.end_callbacks.remove(adapter)
 
 
+class _RecordingRemoteCache:
+    """Inductor's remote cache, remembering what its ``get`` returned."""
+
+    def __init__(self, cache: Any) -> None:
+        self._cache = cache
+        self.value: Any = None
+
+    def get(self, key: str) -> Any:
+        self.value = self._cache.get(key)
+        return self.value
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cache, name)
+
+
+def _keep_locally(fx_cache: Any, key: str, remote_value: Any) -> None:
+    """Write an FX entry that came from the remote cache into the local one, as
+    ``InductorCacheArtifact.populate_cache`` (Mega-Cache) does: Inductor's lookup reads
+    local entries first, so the graph's next lookup (a transformer's next identical
+    layer, a recompile) loads from disk instead of asking the remote cache again."""
+    import base64
+
+    try:
+        content = base64.b64decode(remote_value["data"])
+        fx_cache._write_to_local_cache(key, content)
+    except Exception as exc:  # the next lookup then asks the remote cache again
+        log.debug("could not keep FX graph %s in the local cache: %s", key, exc)
+
+
 @contextlib.contextmanager
-def on_fx_graph_served(
-    callback: Callable[[str, Callable[[], bytes | None], list[str]], None],
+def fx_graph_lookups(
+    served: Callable[[str, Callable[[], bytes | None], list[str]], None] | None = None,
 ) -> Iterator[None]:
-    """Call ``callback(key, remote_value, kernel_files)`` after each FX-graph cache hit.
+    """Keep FX graphs from remote hits in Inductor's local cache, and call
+    ``served(key, remote_value, kernel_files)`` (if given) after each FX-graph cache hit.
 
     Wraps ``FxGraphCache._lookup_graph``, through which both ``FxGraphCache.load`` and
-    AOTAutograd cache hits load their graphs, when the FX remote cache is on. ``key`` is
-    the key the remote cache's backend sees for the graph. ``remote_value()`` returns the entry as
+    AOTAutograd cache hits load their graphs. Inductor (2.11, 2.13) does not write an
+    entry it got from the remote cache to its local cache, so every lookup of a repeated
+    graph would go to the remote cache, and emit the graph's Triton bundle, again.
+    ``key`` is the key the remote cache's backend sees for the graph. ``remote_value()`` returns the entry as
     Inductor's FX remote cache would store it, built from this process's local cache dir
     when that holds exactly one entry for ``key`` (Inductor writes the same pickled bytes
     to both), else ``None``. ``kernel_files`` are the files Inductor's C++ builders made
@@ -229,11 +261,17 @@ def on_fx_graph_served(
     def lookup_graph(key: str, example_inputs: Any, local: bool, remote_cache: Any, *args: Any, **kwargs: Any) -> Any:
         outer = getattr(recording, "files", None)
         recording.files = files = []
+        remote = _RecordingRemoteCache(remote_cache) if remote_cache else remote_cache
         try:
-            result = original_lookup.__func__(key, example_inputs, local, remote_cache, *args, **kwargs)
+            result = original_lookup.__func__(key, example_inputs, local, remote, *args, **kwargs)
         finally:
             recording.files = outer
         graph = result[0] if isinstance(result, tuple) else result  # (graph, cache info) since 2.6
+        # Local entries are read first: a remote value means the local ones missed.
+        if graph is not None and local and remote and remote.value is not None:
+            _keep_locally(fx_cache, key, remote.value)
+        if served is None:
+            return result
         # The key our backend sees: Inductor's Redis-style remote caches format it
         # (``pt2:fx-graph-v1::<key>:c1``). Without a remote cache there is no backend.
         get_key = getattr(remote_cache, "_get_key", None)
@@ -244,7 +282,7 @@ def on_fx_graph_served(
                 return None if entry is None else fx_graph_remote_value(entry, getattr(graph, "_time_taken_ns", None))
 
             try:
-                callback(get_key(key), remote_value, files)
+                served(get_key(key), remote_value, files)
             except Exception:  # the coordinator never fails a cache hit
                 log.warning("compile_once: handling the FX cache hit for %s failed", key, exc_info=True)
         return result

@@ -5,10 +5,12 @@ bundled autotune, AOTAutograd, Dynamo PGO) builds its backend from
 ``backend_override_cls()`` when that is set. We set it, per cache kind, to a small
 backend class bound to the session, and turn on the config switches that make
 Inductor consult those caches; ``_compat.routed_remote_caches`` restores it all on
-exit. Inductor keeps doing what it does on any remote hit: write the entry to its
-local cache, emit bundled Triton kernels, extend NCCL timeouts. FX graphs Inductor
-serves from its local cache are reported to the session too (``Session.fx_graph_served``),
-and Triton kernels tuning at their first launch too (``_compat.triton_tuning_hooks``).
+exit. Inductor keeps doing what it does on any remote hit: emit bundled Triton
+kernels, extend NCCL timeouts; and we keep the FX graphs of remote hits in its local
+cache, which it does not do itself (``_compat.fx_graph_lookups``), so a repeated graph
+is received once. FX graphs Inductor serves from its local cache are reported to the
+session too (``Session.fx_graph_served``), and Triton kernels tuning at their first
+launch too (``_compat.triton_tuning_hooks``).
 """
 
 from __future__ import annotations
@@ -50,12 +52,12 @@ def _backend_class(session: Session, kind: str) -> type:
 def route_caches(session: Session) -> Iterator[None]:
     """Send the session's configured Inductor caches through it for the duration."""
     backends = {kind: _backend_class(session, kind) for kind in _compat.routable_kinds(session.config.caches)}
-    share = "fx_graph" in backends and session.config.share_local_hits
+    served = session.fx_graph_served if session.config.share_local_hits else None
     tune = "autotune" in backends
     with (
         _compat.routed_remote_caches(backends),
         _compat.on_compile_end(session.compile_ended),
-        _compat.on_fx_graph_served(session.fx_graph_served) if share else contextlib.nullcontext(),
+        _compat.fx_graph_lookups(served) if "fx_graph" in backends else contextlib.nullcontext(),
         _compat.triton_tuning_hooks(session.tuning, session.compiling) if tune else contextlib.nullcontext(),
     ):
         yield

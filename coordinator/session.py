@@ -248,7 +248,7 @@ class Session:
     ) -> None:
         """Inductor served an FX graph; if from this rank's local cache, share it.
 
-        Called through ``_compat.on_fx_graph_served``, which ``route_caches`` installs only
+        Called through ``_compat.fx_graph_lookups``, to which ``route_caches`` passes it only
         when ``config.share_local_hits`` is on.
 
         The store has it: nothing to do. No rank has it: claim it and publish the local

@@ -69,6 +69,23 @@ def test_shared_store_and_second_job_compiles_nothing(job, backend, redis_server
         assert r.report["stats"]["waited_s"] < 1.0
 
 
+def test_a_repeated_graph_is_received_once_then_loaded_from_the_local_cache(job):
+    # Inductor does not keep remote hits in its local cache; compile_once does, so the
+    # next layer's lookup of the same graph loads from disk and never asks the store.
+    results = job(2, {"model": "repeated", "ddp": True, "bucket_cap_mb": 1, "steps": 1})
+    require_success(results)
+    unique = sum(r.fx_misses for r in results)
+    for r in results:
+        stats = r.report["stats"]
+        assert r.fx_misses + r.fx_hits > unique, "the model should look a graph up more than once"
+        assert stats["graphs_compiled"] + stats["graphs_received"] == unique, stats
+        assert stats["store_fetches"] == stats["graphs_received"] and stats["bytes_from_node"] == 0, stats
+        torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
+    follower = next(r for r in results if r.fx_misses == 0)
+    assert follower.report["stats"]["graphs_received"] == unique
+    assert follower.report["cpp_builds"]["kernel"] == 0
+
+
 def test_killed_claimant_is_taken_over_after_lease(job, tcp_store):
     results = job(
         WORLD,

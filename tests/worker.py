@@ -7,8 +7,12 @@ counters, how many C++ compiler runs this process made, and ``coordinator.stats(
 
 Options:
     store: store spec for compile_once (None = the job's TCPStore)
-    model: "mlp" | "rank_dependent" | "collective"
+    model: "mlp" | "rank_dependent" | "collective" | "repeated" (identical layers: with
+        ``bucket_cap_mb`` 1, DDP's buckets hold one layer each, Dynamo splits the graph
+        at them, and the layers after the first compile to one FX graph, looked up once
+        per layer, as a transformer's are)
     ddp: wrap in DistributedDataParallel
+    bucket_cap_mb: DDP's bucket size (default 25)
     steps: training steps
     first_compiler: "die" | "slow:<seconds>" — what the first process to compile the
         first graph does (decided through a marker file, so exactly one does it)
@@ -104,6 +108,8 @@ class FirstCompilerPass(CustomGraphPass):
 
 def make_model(kind: str, rank: int) -> torch.nn.Module:
     torch.manual_seed(0)
+    if kind == "repeated":
+        return torch.nn.Sequential(*[module for _ in range(3) for module in (torch.nn.Linear(512, 512), torch.nn.GELU())])
     width = 32 + (8 * rank if kind == "rank_dependent" else 0)
     return torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.GELU(), torch.nn.Linear(width, 4))
 
@@ -149,10 +155,11 @@ def main() -> None:
     # Compile the module, then wrap it: on torch 2.13 Dynamo skips DDP's own forward.
     compiled = torch.compile(model)
     if options.get("ddp"):
-        compiled = torch.nn.parallel.DistributedDataParallel(compiled)
+        compiled = torch.nn.parallel.DistributedDataParallel(compiled, bucket_cap_mb=options.get("bucket_cap_mb", 25))
 
     torch.manual_seed(1)
-    batches = [torch.randn(8, 16) for _ in range(options.get("steps", 2))]
+    width = 512 if kind == "repeated" else 16
+    batches = [torch.randn(8, width) for _ in range(options.get("steps", 2))]
     losses, ref_losses, step_times = [], [], []
 
     def run_steps():
