@@ -3,9 +3,10 @@
     python benchmarks/plot.py --out benchmarks/cold_start.png NAME=LOG [NAME=LOG ...]
 
 Each LOG is the printed output of one or more ``cold_start.py`` runs (the per-row lines
-``N=2 (d) compile_once, job store   21.04s (1.52x) ...``). One panel per NAME, two to a row: for each N,
+``N=2 (d) compile_once, job store   21.04s (1.52x) ...``), or the Markdown it writes. One panel per NAME, two to a row: for each N,
 a bar per row, height = time until all ranks finish step 1 ÷ one rank compiling alone,
-with the 1.10× target drawn in.
+with the 1.10× target drawn in. When several logs of a panel have the same row, the bar is
+the last log's and the earlier ones are drawn as dots on it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import textwrap
 from pathlib import Path
 
 ROW = re.compile(r"^N=(\d+) (\([a-f]\)[^\d]+?)\s+([\d.]+)s \(([\d.]+)x\)")
+#: The same row in the Markdown table ``cold_start.py --out`` writes (for a run cut off
+#: before it printed its summary lines).
+TABLE_ROW = re.compile(r"^\| (\d+) \| (\([a-f]\)[^|]+?) \| ([\d.]+) \| ([\d.]+)× \|")
 
 
 def parse(log: str) -> dict[int, dict[str, float]]:
     rows: dict[int, dict[str, float]] = {}
     for line in log.splitlines():
-        m = ROW.match(line.strip())
+        m = ROW.match(line.strip()) or TABLE_ROW.match(line.strip())
         if m:
             rows.setdefault(int(m.group(1)), {})[m.group(2).strip()] = float(m.group(4))
     return rows
@@ -45,9 +49,13 @@ def main() -> None:
     for ax, panel in zip(axes.flat, args.panels):
         name, _, logs = panel.partition("=")
         rows: dict[int, dict[str, float]] = {}
+        earlier: dict[int, dict[str, list[float]]] = {}
         for log in logs.split(","):
             for n, found in parse(Path(log).read_text()).items():
-                rows.setdefault(n, {}).update(found)
+                for method, ratio in found.items():
+                    if method in rows.get(n, {}):
+                        earlier.setdefault(n, {}).setdefault(method, []).append(rows[n][method])
+                    rows.setdefault(n, {})[method] = ratio
         methods = sorted({m for found in rows.values() for m in found})
         width = 0.8 / max(len(rows), 1)
         for i, n in enumerate(sorted(rows)):
@@ -55,13 +63,17 @@ def main() -> None:
             heights = [rows[n].get(m, 0.0) for m in methods]
             bars = ax.bar(xs, heights, width, label=f"N={n}")
             ax.bar_label(bars, labels=[f"{h:.2f}" if h else "not run" for h in heights], fontsize=7)
+            for x, m in zip(xs, methods):
+                previous = earlier.get(n, {}).get(m, [])
+                ax.plot([x] * len(previous), previous, "k.", markersize=5,
+                        label="earlier run" if previous and not ax.get_legend_handles_labels()[1].count("earlier run") else None)
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.axhline(1.1, color="red", linestyle="--", linewidth=0.8, label="target 1.10×")
         ax.set_ylim(top=max(ax.get_ylim()[1], 1.25))  # room above the target line
         ax.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(methods))])
         ax.set_xticklabels([textwrap.fill(m, 14) for m in methods], fontsize=7)
         ax.set_ylabel("all ranks done step 1 ÷ one rank compiling alone")
-        ax.set_title(name, fontsize=10)
+        ax.set_title(textwrap.fill(name, 75), fontsize=9)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
