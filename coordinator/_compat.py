@@ -38,7 +38,16 @@ cache is reached only through the bound ``save_cache_hook``); it ran on 2.11.0 o
 on 2 GPUs followers had 0 autotune misses. Without ``_prepare_key`` the hook does nothing.
 Wrapping ``CachingAutotuner.precompile`` (a kernel's first launch compiles its configs there,
 before the search: ``run()`` in 2.11.0's source above and in 2.13.0's) was added in the
-seventh session and checked on 2.13.0 (CPU) only, not yet on a GPU.
+seventh session; it ran on 2.11.0 in the eighth session's GPU tier (it passes;
+``benchmarks/gpu/logs-2026-11-22-h/``).
+
+Keeping remote FX hits in the local cache (``fx_graph_lookups``): ``FxGraphCache._write_to_local_cache``
+and the dict (``{"data": <base64>, ...}``) that the FX remote cache's ``get`` returns, read from
+2.13.0's source and run here. On 2.11.0 only indirectly: Mega-Cache's loader
+(``InductorCacheArtifact.populate_cache``) calls the same ``_write_to_local_cache``, and the
+benchmark's Mega-Cache row ran there; and a 12-layer follower's 26 remote FX hits for 6 graphs show
+that 2.11.0 does not keep remote hits itself. If the write fails, the next lookup asks the remote
+cache again, as before.
 """
 
 from __future__ import annotations
