@@ -70,20 +70,20 @@ def test_shared_store_and_second_job_compiles_nothing(job, backend, redis_server
 
 
 def test_a_repeated_graph_is_received_once_then_loaded_from_the_local_cache(job):
-    # Inductor does not keep remote hits in its local cache; compile_once does, so the
-    # next layer's lookup of the same graph loads from disk and never asks the store.
+    # 3 identical layers, one per DDP bucket: 6 FX lookups (forward and backward of each
+    # layer) for 4 graphs, so two lookups repeat an earlier graph.
+    # Inductor does not keep remote hits in its local cache; compile_once does, so a
+    # rank's later lookups of a graph it received load from disk and never reach the
+    # store. The ranks may take turns compiling; either way each graph crosses once.
     results = job(2, {"model": "repeated", "ddp": True, "bucket_cap_mb": 1, "steps": 1})
     require_success(results)
-    unique = sum(r.fx_misses for r in results)
+    assert sum(r.fx_misses for r in results) == 4
     for r in results:
         stats = r.report["stats"]
-        assert r.fx_misses + r.fx_hits > unique, "the model should look a graph up more than once"
-        assert stats["graphs_compiled"] + stats["graphs_received"] == unique, stats
+        assert r.fx_misses + r.fx_hits == 6
+        assert stats["graphs_compiled"] + stats["graphs_received"] == 4, stats
         assert stats["store_fetches"] == stats["graphs_received"] and stats["bytes_from_node"] == 0, stats
         torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
-    follower = next(r for r in results if r.fx_misses == 0)
-    assert follower.report["stats"]["graphs_received"] == unique
-    assert follower.report["cpp_builds"]["kernel"] == 0
 
 
 def test_killed_claimant_is_taken_over_after_lease(job, tcp_store):
