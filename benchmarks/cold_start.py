@@ -214,6 +214,7 @@ def main() -> None:
         else:
             raw["references"] = references(job_args, args.gpus, args.repeat, args.ranks)
         alone_s, warm_s = raw["references"]["alone_s"], raw["references"]["warm_step1_s"]
+        warm_job = raw["references"].get("warm_job_step1_s", {})  # absent in references saved before it
         print(f"one rank compiling alone: {alone_s:.2f}s; step 1 with a warm local cache: {warm_s:.2f}s", flush=True)
         save(args, raw, [], job_args)
         # Rounds: every row runs once per round (a, d, e, a, d, e, ...), so that drift on the host
@@ -236,7 +237,6 @@ def main() -> None:
                     runs.setdefault((n, name), []).append(run)
                     print(f"N={n} {name:<38} run {rep + 1}: {run['all_done_s']:7.2f}s "
                           f"({run['all_done_s'] / alone_s:.2f}x)", flush=True)
-                    warm_job = raw["references"].get("warm_job_step1_s", {})
                     table = [{"n": n_, "row": name_, **summarize(r, alone_s, warm_s, warm_job.get(str(n_)))}
                              for (n_, name_), r in runs.items()]
                     raw["rows"] = [{**row, "runs": runs[row["n"], row["row"]]} for row in table]

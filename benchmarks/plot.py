@@ -58,15 +58,16 @@ def main() -> None:
                     rows.setdefault(n, {})[method] = ratio
         methods = sorted({m for found in rows.values() for m in found})
         width = 0.8 / max(len(rows), 1)
+        dot_label = "earlier run"  # once per panel
         for i, n in enumerate(sorted(rows)):
             xs = [j + i * width for j in range(len(methods))]
             heights = [rows[n].get(m, 0.0) for m in methods]
             bars = ax.bar(xs, heights, width, label=f"N={n}")
             ax.bar_label(bars, labels=[f"{h:.2f}" if h else "not run" for h in heights], fontsize=7)
             for x, m in zip(xs, methods):
-                previous = earlier.get(n, {}).get(m, [])
-                ax.plot([x] * len(previous), previous, "k.", markersize=5,
-                        label="earlier run" if previous and not ax.get_legend_handles_labels()[1].count("earlier run") else None)
+                if previous := earlier.get(n, {}).get(m):
+                    ax.plot([x] * len(previous), previous, "k.", markersize=5, label=dot_label)
+                    dot_label = None
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.axhline(1.1, color="red", linestyle="--", linewidth=0.8, label="target 1.10×")
         ax.set_ylim(top=max(ax.get_ylim()[1], 1.25))  # room above the target line

@@ -103,9 +103,9 @@ def test_session_treats_bad_values_as_misses(tmp_path, caplog, monkeypatch, atta
 
 
 def test_a_repeated_graph_is_received_once_and_reread_from_the_node(tmp_path, monkeypatch):
-    """A transformer's layers compile to one FX graph, looked up once per layer. The store
-    sends it once; the repeats read this node's copy (verified again), and the bytes
-    received count the store's bytes only."""
+    """A graph asked for again (by another rank of this node, or by this rank where keeping
+    it in Inductor's local cache failed) comes from this node's copy, verified again: the
+    store sends it once, and the bytes received count the store's bytes only."""
     url = f"file://{tmp_path / 'store'}"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "writer-node"))
     writer = _session(url)

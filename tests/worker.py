@@ -7,10 +7,9 @@ counters, how many C++ compiler runs this process made, and ``coordinator.stats(
 
 Options:
     store: store spec for compile_once (None = the job's TCPStore)
-    model: "mlp" | "rank_dependent" | "collective" | "repeated" (identical layers: with
-        ``bucket_cap_mb`` 1, DDP's buckets hold one layer each, Dynamo splits the graph
-        at them, and the layers after the first compile to one FX graph, looked up once
-        per layer, as a transformer's are)
+    model: "mlp" | "rank_dependent" | "collective" | "repeated" (3 identical layers: with
+        ``bucket_cap_mb`` 1, DDP's buckets hold one layer each and Dynamo splits the
+        graph at them, so some layers' FX graphs repeat, as a transformer's do)
     ddp: wrap in DistributedDataParallel
     bucket_cap_mb: DDP's bucket size (default 25)
     steps: training steps
