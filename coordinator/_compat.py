@@ -47,7 +47,15 @@ and the dict (``{"data": <base64>, ...}``) that the FX remote cache's ``get`` re
 (``InductorCacheArtifact.populate_cache``) calls the same ``_write_to_local_cache``, and the
 benchmark's Mega-Cache row ran there; and a 12-layer follower's 26 remote FX hits for 6 graphs show
 that 2.11.0 does not keep remote hits itself. If the write fails, the next lookup asks the remote
-cache again, as before.
+cache again, as before. It ran on 2.11.0 in the ninth session's GPU tier (all 4 cases pass;
+``benchmarks/gpu/logs-2026-11-22-i/``).
+
+Sharing a config a compile worker found in this rank's own autotune cache
+(``share_config_kept_from_cache``): ``CachingAutotuner.configs``/``autotune_cache_info``/
+``compile_results``, ``AutotuneCache._read``, ``hash_configs`` and ``check_autotune_cache``'s
+one-config key, read from 2.13.0's source and run here against Inductor's real
+``AutotuneCache`` in a worker process; the 2.11.0 behaviour it answers (the follower's and the
+leader's extra descents) is read from a 12-layer GPU job log (eighth session). Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -444,6 +452,7 @@ def triton_tuning_hooks(tuning: Callable[[], contextlib.AbstractContextManager[N
         originals["restore_after_unpickle"](self, old_values)
         if old_values is None:  # a kernel compiled in a compile worker, arriving in this process
             route_autotune_cache(self, claim=compiling())
+            share_config_kept_from_cache(self)
 
     def precompile(self: Any, *args: Any, **kwargs: Any) -> Any:
         with tuning():
@@ -579,6 +588,54 @@ def route_autotune_cache(autotuner: Any, claim: bool) -> None:
                   "" if not claim else ": hit (unused)" if found else ": claimed or missed")
     except Exception:
         log.warning("compile_once: could not route the autotune cache of %s",
+                    getattr(autotuner, "inductor_meta", {}).get("kernel_name"), exc_info=True)
+
+
+def share_config_kept_from_cache(autotuner: Any) -> None:
+    """Share the config of a worker-compiled kernel that found it in this rank's own cache.
+
+    With coordinate descent on, a compile worker that finds a kernel's best config in this
+    rank's local autotune cache (the rank tuned the same kernel source in an earlier graph,
+    as a transformer's layers repeat) keeps that config alone, and so does the FX entry the
+    kernel goes into. A rank loading the entry looks the config up under the hash of that
+    one-config list (``recheck_autotune_cache``), not the list's the config was published
+    under: it missed, and descended again (10 kernels and 81 Triton compiles for the last
+    graph of a 12-layer follower on the GPU host). Here the cached entry is published under
+    that key too. On torch < 2.12 the worker's ``read_best`` also dropped
+    ``found_by_coordesc`` from a config equal to one of the kernel's own (see
+    :func:`_read_best_fixed`), and this rank descended again at the first launch (11
+    kernels on that leader): the flag is put back. Nothing here fails a compile.
+    """
+    try:
+        meta = autotuner.inductor_meta
+        kept = list(getattr(autotuner, "configs", None) or [])
+        info = getattr(autotuner, "autotune_cache_info", None) or {}
+        cache = kernel_autotune_cache(autotuner)
+        if (cache is None or len(kept) != 1 or info.get("autotune_cache_state") != "hit"
+                or not meta.get("coordinate_descent_tuning")):
+            return
+        from torch._inductor.runtime.autotune_cache import AutotuneCache
+        from torch._inductor.runtime.triton_heuristics import hash_configs
+
+        cached = cache._read()  # this rank's local file first: the one the worker read
+        if not cached:
+            return
+        if cached.get("found_by_coordesc"):
+            compiled = [result.config for result in getattr(autotuner, "compile_results", None) or []]
+            for config in [*kept, *compiled]:
+                config.found_by_coordesc = True
+        kept_hash = hash_configs(kept)
+        if kept_hash == cache.configs_hash:
+            return
+        alias = AutotuneCache(kept_hash)
+        alias._setup_remote_autotune_cache(meta, AutotuneCache._prepare_key(autotuner.filename))
+        if alias.remote_cache is None:
+            return
+        remote, key = alias.remote_cache
+        remote.put(key, {**cached, "configs_hash": kept_hash})
+        log.debug("shared the cached config of %s for its one-config list too", meta.get("kernel_name"))
+    except Exception:
+        log.warning("compile_once: could not share the cached config of %s",
                     getattr(autotuner, "inductor_meta", {}).get("kernel_name"), exc_info=True)
 
 

@@ -200,13 +200,19 @@ def test_a_first_launch_that_outlasts_the_grace_keeps_the_claims(tuning):
 WORKER = r"""
 import pickle, sys
 from types import SimpleNamespace
+from torch._inductor.runtime import autotune_cache
 from torch._inductor.runtime.triton_heuristics import check_autotune_cache
-hooks = {}
+
+def config(kwargs, num_warps, num_stages, **_):  # triton.Config, which a CPU-only host lacks
+    return SimpleNamespace(kwargs=kwargs, num_warps=num_warps, num_stages=num_stages)
+
+autotune_cache.Config = config
+kernels = {}
 for name, filename, meta in pickle.loads(sys.stdin.buffer.read()):
-    configs = [SimpleNamespace(kwargs={"XBLOCK": x}, num_warps=4, num_stages=1) for x in (64, 128)]
-    _, cache, _ = check_autotune_cache(configs, filename, meta)
-    hooks[name] = (cache.remote_cache is None, cache.save)
-sys.stdout.buffer.write(pickle.dumps(hooks))
+    configs = [config({"XBLOCK": x}, 4, 1) for x in (64, 128)]
+    kept, cache, info = check_autotune_cache(configs, filename, meta)
+    kernels[name] = (cache.remote_cache is None, cache.save, kept, info)
+sys.stdout.buffer.write(pickle.dumps(kernels))
 """
 
 
@@ -215,13 +221,13 @@ class KernelFromWorker:
     from an FX entry that such a kernel went into): what ``CachingAutotuner`` holds of its
     autotune cache is the save hook the worker built, without a remote cache."""
 
-    def __init__(self, tmp_path, name: str, save_cache_hook):
+    def __init__(self, tmp_path, name: str, save_cache_hook, configs: list, info: dict, coordesc: bool = False):
         self.filename = str(tmp_path / "leader-node" / "ab" / f"c{name}.py")
-        self.inductor_meta = inductor_meta(name)
+        self.inductor_meta = inductor_meta(name, coordesc)
         self.save_cache_hook = save_cache_hook
         self.fn = SimpleNamespace()  # what restore_after_unpickle touches
-        self.compile_results = [SimpleNamespace(config=SimpleNamespace(kwargs={"XBLOCK": x}, num_warps=4,
-                                                                       num_stages=1)) for x in (64, 128)]
+        self.configs, self.autotune_cache_info = configs, info  # after the worker's cache check
+        self.compile_results = [SimpleNamespace(config=config) for config in configs]
 
     def is_statically_launchable(self) -> bool:  # what recheck_autotune_cache asserts
         return True
@@ -236,25 +242,27 @@ class KernelFromWorker:
         self.save_cache_hook(config, 7_000_000)
 
 
-def inductor_meta(name: str) -> dict:
+def inductor_meta(name: str, coordesc: bool = False) -> dict:
     return {"autotune_local_cache": True, "autotune_remote_cache": True, "backend_hash": "b" * 64,
-            "kernel_name": name}
+            "kernel_name": name, "coordinate_descent_tuning": coordesc}
 
 
-def kernels_from_a_worker(tmp_path, names: list[str]) -> dict[str, KernelFromWorker]:
+def kernels_from_a_worker(tmp_path, names: list[str], coordesc: bool = False) -> dict[str, KernelFromWorker]:
     """Build the kernels' autotune caches in a compile-worker process started now (with
-    this process's environment, as Inductor starts its workers) and unpickle them here."""
+    this process's environment, as Inductor starts its workers) and unpickle them here.
+    The worker checks this rank's local autotune cache, as Inductor's do."""
     import pickle
     import subprocess
     import sys
 
-    asked = [(name, str(tmp_path / "leader-node" / "ab" / f"c{name}.py"), inductor_meta(name)) for name in names]
+    asked = [(name, str(tmp_path / "leader-node" / "ab" / f"c{name}.py"), inductor_meta(name, coordesc))
+             for name in names]
     done = subprocess.run([sys.executable, "-c", WORKER], input=pickle.dumps(asked), capture_output=True,
                           check=True, timeout=120)
     kernels = {}
-    for name, (no_remote_in_worker, hook) in pickle.loads(done.stdout).items():
+    for name, (no_remote_in_worker, hook, kept, info) in pickle.loads(done.stdout).items():
         assert no_remote_in_worker  # the worker had no remote cache: the case routed here
-        kernels[name] = KernelFromWorker(tmp_path, name, hook)
+        kernels[name] = KernelFromWorker(tmp_path, name, hook, kept, info, coordesc)
         assert _compat.kernel_autotune_cache(kernels[name]).remote_cache is None
     return kernels
 
@@ -318,3 +326,61 @@ def test_worker_compiled_kernels_share_their_tuned_config(tmp_path, monkeypatch)
         assert leader.flight().claim_started(key) is not None  # the recheck's miss claimed it
         static.first_launch()
         assert leader.flight().store.get(f"v/{key}") is not None  # published, not left to be given up
+
+
+def test_a_config_found_in_this_ranks_cache_is_shared_under_the_key_a_loader_looks_up(tmp_path, monkeypatch):
+    """A kernel this rank tuned in one graph comes back in a later graph (a transformer's
+    first layer differs from the others, but its kernels do not): the compile worker finds
+    the config in this rank's local cache and keeps it alone, and so does the FX entry. A
+    rank loading the entry looks the config up under the hash of that one-config list; seen
+    on the GPU host (12-layer GPT, max-autotune), it missed and descended 10 kernels again,
+    and the leader itself descended again too (torch 2.11's worker dropped the flag)."""
+    import coordinator
+    from torch._inductor.runtime import autotune_cache
+    from torch._inductor.runtime import triton_heuristics as th
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    def config(kwargs, num_warps, num_stages, **_):  # triton.Config, which a CPU-only host lacks
+        return SimpleNamespace(kwargs=kwargs, num_warps=num_warps, num_stages=num_stages)
+
+    monkeypatch.setattr(autotune_cache, "Config", config)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "leader-node"))
+    monkeypatch.delenv("TORCHINDUCTOR_REDIS_URL", raising=False)
+    monkeypatch.setattr(_compat, "routable_kinds", lambda kinds: list(kinds))  # route autotune without a GPU
+    with coordinator.compile_once(f"file://{tmp_path / 'store'}") as leader:
+        assert leader.flight().lookup(leader._key("fx_graph", "graph-1"), blocking=True).outcome == "claimed"
+        (first,) = kernels_from_a_worker(tmp_path, ["triton_red_fused_0"], coordesc=True).values()
+        th.CachingAutotuner.restore_after_unpickle(first, None)
+        assert first.autotune_cache_info["autotune_cache_state"] == "miss" and len(first.configs) == 2
+        first.save_cache_hook(config({"XBLOCK": 64}, 4, 1), 7_000_000, found_by_coordesc=True)  # its descent's pick
+
+        # The next graph: the same kernel, compiled again in a worker, which finds its config here.
+        leader.flight().lookup(leader._key("fx_graph", "graph-2"), blocking=True)
+        (again,) = kernels_from_a_worker(tmp_path, ["triton_red_fused_0"], coordesc=True).values()
+        assert again.autotune_cache_info["autotune_cache_state"] == "hit" and len(again.configs) == 1
+        again.configs[0].found_by_coordesc = False  # as torch 2.11's read_best returns a config among the kernel's own
+        th.CachingAutotuner.restore_after_unpickle(again, None)
+        assert again.configs[0].found_by_coordesc is True  # so this rank does not descend again at its first launch
+
+        kept_hash = th.hash_configs(again.configs)
+        alias = AutotuneCache(kept_hash)
+        alias._setup_remote_autotune_cache(again.inductor_meta, AutotuneCache._prepare_key(again.filename))
+        remote, key = alias.remote_cache
+        alias_key = leader._key("autotune", remote._get_key(key))
+        assert alias_key != first.store_key(leader)
+        from coordinator.integrity import open_sealed
+
+        blob = leader.flight().store.get(f"v/{alias_key}")
+        assert blob is not None  # published under the key of the one-config list too
+        shared = json.loads(open_sealed(alias_key, blob).payload)
+        assert shared["configs_hash"] == kept_hash and shared["found_by_coordesc"] is True and shared["XBLOCK"] == 64
+
+        # A rank loading the FX entry (its own cache dir) rechecks the one-config static autotuner:
+        # it finds the config, claims nothing, and does not descend.
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "follower-node"))
+        loaded = KernelFromWorker(tmp_path, "triton_red_fused_0", again.save_cache_hook,
+                                  [config({"XBLOCK": 64}, 4, 1)], again.autotune_cache_info, coordesc=True)
+        th.CachingAutotuner.recheck_autotune_cache(loaded, lambda: None)
+        assert leader.flight().claim_started(alias_key) is None
+        assert loaded.autotune_cache_info["autotune_cache_state"] == "hit"
+        assert loaded.compile_results[0].config.found_by_coordesc is True
