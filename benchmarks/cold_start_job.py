@@ -185,6 +185,7 @@ def main() -> None:
         "moved_bytes": moved,
         "waited_s": stats.get("waited_s", 0.0),
         "stats": stats,
+        "phases": compile_phases(),
     }
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
@@ -196,6 +197,16 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def compile_phases(top: int = 40) -> dict[str, list[float]]:
+    """Where this process's compile time went: Dynamo's and Inductor's timed phases
+    (``dynamo_timed``), name -> [seconds summed, calls], the longest first. Phases nest,
+    so they do not add up; compare one phase across runs (``benchmarks/phases.py``)."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    totals = {name: [round(sum(times), 3), len(times)] for name, times in compilation_time_metrics.items()}
+    return dict(sorted(totals.items(), key=lambda item: -item[1][0])[:top])
 
 
 def cpu_seconds() -> float:

@@ -10,7 +10,8 @@
 #                                            # MODE=max-autotune-no-cudagraphs compiles in that mode
 #   bash benchmarks/gpu/session.sh profile8  # N=8 emulated, rows d e under py-spy: where the leader's time goes
 #   bash benchmarks/gpu/session.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
-#                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>
+#                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>;
+#                                            # JOB_LOGS as for n8
 # ROWS=none measures only the one-rank references (saved to benchmarks/results/$LABEL.json, for
 # MAC_REFS/LARGE_REFS in a later call). n2/n8 reuse the first session's references; REFS= (empty)
 # measures them again on this machine.
@@ -60,9 +61,10 @@ case "${1:?timeout | tier | n2 | n8 | large | profile8 | mac}" in
   mac)
     label=${LABEL:-gpu-small-mac-n${RANKS:-2}}
     timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks "${RANKS:-2}" --repeat "${REPEAT:-3}" \
-      --rows ${ROWS:-a d e} ${MAC_REFS:+--references "$MAC_REFS"} --out "$OUT/$label.md" \
+      --rows ${ROWS:-a d e} ${MAC_REFS:+--references "$MAC_REFS"} ${JOB_LOGS:+--job-logs "$JOB_LOGS"} --out "$OUT/$label.md" \
       -- $SMALL --mode max-autotune-no-cudagraphs 2>&1 | tee "$OUT/$label.log"
     cp "benchmarks/results/$label.json" "$OUT/"
+    if [ -n "${JOB_LOGS:-}" ]; then tar czf "$OUT/$label-job-logs.tgz" -C "$JOB_LOGS" .; fi
     ;;
   profile8)
     label=${LABEL:-gpu-small-n8-profile}
