@@ -432,7 +432,8 @@ def triton_tuning_hooks(tuning: Callable[[], contextlib.AbstractContextManager[N
     tunes), and the last two run the :func:`defer_autotune_save` protocol. Wraps ``restore_after_unpickle`` to route the
     autotune cache of kernels compiled in compile workers, and of static autotuners from FX
     entries as they are rechecked (:func:`route_autotune_cache`; it claims the keys of the
-    first while ``compiling()``). On
+    first while ``compiling()``), and shares the config of a worker kernel that found it in
+    this rank's own cache under the key its loaders look up (:func:`share_config_kept_from_cache`). On
     torch < 2.12 also fixes how Inductor restores a config that coordinate descent chose
     (pytorch/pytorch#172819): :func:`_read_best_fixed` and :func:`_recheck_autotune_cache_fixed`.
     """
@@ -632,7 +633,12 @@ def share_config_kept_from_cache(autotuner: Any) -> None:
         if alias.remote_cache is None:
             return
         remote, key = alias.remote_cache
-        remote.put(key, {**cached, "configs_hash": kept_hash})
+        held = getattr(_tuning, "stage", None), getattr(_tuning, "pending", None)
+        _tuning.stage = None  # published now, never held as a tuning step's result
+        try:
+            remote.put(key, {**cached, "configs_hash": kept_hash})
+        finally:
+            _tuning.stage, _tuning.pending = held
         log.debug("shared the cached config of %s for its one-config list too", meta.get("kernel_name"))
     except Exception:
         log.warning("compile_once: could not share the cached config of %s",
