@@ -606,28 +606,35 @@ def share_config_kept_from_cache(autotuner: Any) -> None:
     ``found_by_coordesc`` from a config equal to one of the kernel's own (see
     :func:`_read_best_fixed`), and this rank descended again at the first launch (11
     kernels on that leader): the flag is put back. Nothing here fails a compile.
+
+    The case is told by the kernel's one config hashing differently from the list its
+    cache was made for, and equalling the entry in this rank's local file. A first version
+    that asked ``autotune_cache_info`` for a hit instead never fired on torch 2.11
+    (``benchmarks/gpu/logs-2026-11-22-i/gpu1-large-coordesc-n2*``).
     """
     try:
         meta = autotuner.inductor_meta
         kept = list(getattr(autotuner, "configs", None) or [])
-        info = getattr(autotuner, "autotune_cache_info", None) or {}
         cache = kernel_autotune_cache(autotuner)
-        if (cache is None or len(kept) != 1 or info.get("autotune_cache_state") != "hit"
-                or not meta.get("coordinate_descent_tuning")):
+        if cache is None or len(kept) != 1 or not meta.get("coordinate_descent_tuning"):
             return
         from torch._inductor.runtime.autotune_cache import AutotuneCache
         from torch._inductor.runtime.triton_heuristics import hash_configs
 
-        cached = cache._read()  # this rank's local file first: the one the worker read
-        if not cached:
+        kept_hash = hash_configs(kept)
+        if kept_hash == cache.configs_hash:  # the kernel's own list: no config was found in a cache
+            return
+        # The worker kept the config it found in this rank's local file; read that file (a
+        # local file exists, so this never asks, or claims in, the store).
+        cached = cache._read()
+        config = kept[0]
+        fields = [*config.kwargs.items(), ("num_warps", config.num_warps), ("num_stages", config.num_stages)]
+        if not cached or any(cached.get(name) != value for name, value in fields):
             return
         if cached.get("found_by_coordesc"):
             compiled = [result.config for result in getattr(autotuner, "compile_results", None) or []]
-            for config in [*kept, *compiled]:
-                config.found_by_coordesc = True
-        kept_hash = hash_configs(kept)
-        if kept_hash == cache.configs_hash:
-            return
+            for each in [config, *compiled]:
+                each.found_by_coordesc = True
         alias = AutotuneCache(kept_hash)
         alias._setup_remote_autotune_cache(meta, AutotuneCache._prepare_key(autotuner.filename))
         if alias.remote_cache is None:
