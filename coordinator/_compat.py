@@ -55,7 +55,9 @@ Sharing a config a compile worker found in this rank's own autotune cache
 ``compile_results``, ``AutotuneCache._read``, ``hash_configs`` and ``check_autotune_cache``'s
 one-config key, read from 2.13.0's source and run here against Inductor's real
 ``AutotuneCache`` in a worker process; the 2.11.0 behaviour it answers (the follower's and the
-leader's extra descents) is read from a 12-layer GPU job log (eighth session). Not yet run on a GPU.
+leader's extra descents) is read from 12-layer GPU job logs (eighth session; and the ninth's
+one-GPU reproducer, ``benchmarks/gpu/logs-2026-11-22-i/gpu1-large-coordesc-n2*``, where a first
+version gated on ``autotune_cache_info`` never fired). The final version has not run on a GPU.
 """
 
 from __future__ import annotations
