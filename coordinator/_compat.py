@@ -51,8 +51,8 @@ cache again, as before. It ran on 2.11.0 in the ninth session's GPU tier (all 4 
 ``benchmarks/gpu/logs-2026-11-22-i/``).
 
 Sharing a config a compile worker found in this rank's own autotune cache
-(``share_config_kept_from_cache``): ``CachingAutotuner.configs``/``autotune_cache_info``/
-``compile_results``, ``AutotuneCache._read``, ``hash_configs`` and ``check_autotune_cache``'s
+(``share_config_kept_from_cache``): ``CachingAutotuner.configs``/``compile_results``,
+``AutotuneCache.configs_hash``/``_read``, ``hash_configs`` and ``check_autotune_cache``'s
 one-config key, read from 2.13.0's source and run here against Inductor's real
 ``AutotuneCache`` in a worker process; the 2.11.0 behaviour it answers (the follower's and the
 leader's extra descents) is read from 12-layer GPU job logs (eighth session; and the ninth's
