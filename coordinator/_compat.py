@@ -609,14 +609,16 @@ def share_config_kept_from_cache(autotuner: Any) -> None:
     :func:`_read_best_fixed`), and this rank descended again at the first launch (11
     kernels on that leader): the flag is put back. Nothing here fails a compile.
 
-    The case is told by the kernel's one config hashing differently from the list its
-    cache was made for, and equalling the entry in this rank's local file. A first version
-    that asked ``autotune_cache_info`` for a hit instead never fired on torch 2.11
-    (``benchmarks/gpu/logs-2026-11-22-i/gpu1-large-coordesc-n2*``).
+    The case is told by the kernel's one compiled config (what a loader's recheck hashes)
+    hashing differently from the list its cache was made for, and equalling the entry in
+    this rank's local file. A first version that asked ``autotune_cache_info`` for a hit and
+    read ``configs`` never fired on torch 2.11 (``benchmarks/gpu/logs-2026-11-22-i/gpu1-large-coordesc-n2*``).
     """
     try:
         meta = autotuner.inductor_meta
-        kept = list(getattr(autotuner, "configs", None) or [])
+        # What a loader's recheck hashes: the configs the kernel was compiled for.
+        compiled = [result.config for result in getattr(autotuner, "compile_results", None) or []]
+        kept = compiled or list(getattr(autotuner, "configs", None) or [])
         cache = kernel_autotune_cache(autotuner)
         if cache is None or len(kept) != 1 or not meta.get("coordinate_descent_tuning"):
             return
@@ -629,14 +631,17 @@ def share_config_kept_from_cache(autotuner: Any) -> None:
         # The worker kept the config it found in this rank's local file; read that file (a
         # local file exists, so this never asks, or claims in, the store).
         cached = cache._read()
-        config = kept[0]
-        fields = [*config.kwargs.items(), ("num_warps", config.num_warps), ("num_stages", config.num_stages)]
-        if not cached or any(cached.get(name) != value for name, value in fields):
+
+        def is_cached(config: Any) -> bool:
+            fields = [*config.kwargs.items(), ("num_warps", config.num_warps), ("num_stages", config.num_stages)]
+            return all(cached.get(name) == value for name, value in fields)
+
+        if not cached or not is_cached(kept[0]):
             return
         if cached.get("found_by_coordesc"):
-            compiled = [result.config for result in getattr(autotuner, "compile_results", None) or []]
-            for each in [config, *compiled]:
-                each.found_by_coordesc = True
+            for config in [*kept, *(getattr(autotuner, "configs", None) or [])]:
+                if is_cached(config):
+                    config.found_by_coordesc = True
         alias = AutotuneCache(kept_hash)
         alias._setup_remote_autotune_cache(meta, AutotuneCache._prepare_key(autotuner.filename))
         if alias.remote_cache is None:
