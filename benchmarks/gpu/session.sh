@@ -9,6 +9,10 @@
 #                                            # (default a d e); LARGE_REFS=<results json> reuses its references;
 #                                            # MODE=max-autotune-no-cudagraphs compiles in that mode
 #   bash benchmarks/gpu/session.sh profile8  # N=8 emulated, rows d e under py-spy: where the leader's time goes
+#   bash benchmarks/gpu/session.sh repeated  # kernels repeated in a later graph (one GPU is enough, ~80 s): the 12-layer
+#                                            # GPT with coordinate descent, N=2 emulated, row d at DEBUG; prints the
+#                                            # follower's autotune misses and Triton compiles (want 0) and the leader's
+#                                            # "shared the cached config" lines (want about 10)
 #   bash benchmarks/gpu/session.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
 #                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>;
 #                                            # JOB_LOGS as for n8
@@ -28,7 +32,7 @@ SMALL="--dim 512 --seq 256 --layers 4"
 LARGE="--dim 768 --seq 512 --layers 12"
 REFS=${REFS-benchmarks/results/gpu-small-default-references.json}
 
-case "${1:?timeout | tier | n2 | n8 | large | profile8 | mac}" in
+case "${1:?timeout | tier | n2 | n8 | large | profile8 | mac | repeated}" in
   timeout)
     for flag in "" --coordinator; do
       timeout 150 python3 benchmarks/timeout_scenario.py --timeout 10 $SMALL --cold-extra-s 8 $flag \
@@ -65,6 +69,24 @@ case "${1:?timeout | tier | n2 | n8 | large | profile8 | mac}" in
       -- $SMALL --mode max-autotune-no-cudagraphs 2>&1 | tee "$OUT/$label.log"
     cp "benchmarks/results/$label.json" "$OUT/"
     if [ -n "${JOB_LOGS:-}" ]; then tar czf "$OUT/$label-job-logs.tgz" -C "$JOB_LOGS" .; fi
+    ;;
+  repeated)
+    label=${LABEL:-gpu1-large-coordesc-n2}
+    rm -rf /tmp/jl-repeated
+    TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 COLD_START_LOG_LEVEL=DEBUG timeout "$(left)" python3 benchmarks/cold_start.py \
+      --label "$label" --gpus 1 --ranks 2 --repeat 1 --rows d --references benchmarks/results/gpu-large-n2.json \
+      --job-logs /tmp/jl-repeated --out "$OUT/$label.md" -- $LARGE 2>&1 | tee "$OUT/$label.log"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    tar czf "$OUT/$label-job-logs.tgz" -C /tmp/jl-repeated .
+    python3 - "benchmarks/results/$label.json" <<'PY' | tee -a "$OUT/$label.log"
+import json, sys
+run = json.load(open(sys.argv[1]))["rows"][0]["runs"][0]
+for r in run["ranks"]:
+    role = "leader" if r["fx_misses"] else "follower"
+    print(role, "rank", r["rank"], "FX compiles", r["fx_misses"], "Triton compiles", r["triton_compiles"],
+          "autotune", r["stats"]["by_cache"].get("autotune"))
+PY
+    echo "leader lines 'shared the cached config': $(cat /tmp/jl-repeated/*.log | grep -c 'shared the cached config')" | tee -a "$OUT/$label.log"
     ;;
   profile8)
     label=${LABEL:-gpu-small-n8-profile}
