@@ -57,7 +57,10 @@ one-config key, read from 2.13.0's source and run here against Inductor's real
 ``AutotuneCache`` in a worker process; the 2.11.0 behaviour it answers (the follower's and the
 leader's extra descents) is read from 12-layer GPU job logs (eighth session; and the ninth's
 one-GPU reproducer, ``benchmarks/gpu/logs-2026-11-22-i/gpu1-large-coordesc-n2*``, where a first
-version gated on ``autotune_cache_info`` never fired). The final version has not run on a GPU.
+version gated on ``autotune_cache_info`` never fired). The final version ran on 2.11.0 in the
+tenth session's reproducer: the follower missed no autotune key and compiled no Triton kernel,
+and the leader shared 10 configs and did not descend them again
+(``benchmarks/gpu/logs-2026-11-23/gpu1-large-coordesc-n2*``).
 """
 
 from __future__ import annotations
@@ -612,7 +615,8 @@ def share_config_kept_from_cache(autotuner: Any) -> None:
     The case is told by the kernel's one compiled config (what a loader's recheck hashes)
     hashing differently from the list its cache was made for, and equalling the entry in
     this rank's local file. A first version that asked ``autotune_cache_info`` for a hit and
-    read ``configs`` never fired on torch 2.11 (``benchmarks/gpu/logs-2026-11-22-i/gpu1-large-coordesc-n2*``).
+    read ``configs`` never fired on torch 2.11 (``benchmarks/gpu/logs-2026-11-22-i/gpu1-large-coordesc-n2*``);
+    this one does (``benchmarks/gpu/logs-2026-11-23/gpu1-large-coordesc-n2*``).
     """
     try:
         meta = autotuner.inductor_meta
