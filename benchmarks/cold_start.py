@@ -91,7 +91,7 @@ class Redis:
 
 def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str | None = None,
             redis_url: str | None = None, cache_dir: str | None = None, timeout: float = 1800,
-            profile: Path | None = None, log: Path | None = None) -> dict:
+            profile: Path | None = None, profile_ranks: Path | None = None, log: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
@@ -108,6 +108,8 @@ def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str |
             cmd += ["--store", store]
         if redis_url:
             cmd += ["--redis-url", redis_url]
+        if profile_ranks:
+            cmd += ["--profile-self", str(profile_ranks)]
         if cache_dir:
             cmd += ["--cache-dir", cache_dir]
         env = dict(os.environ, TMPDIR=tmp, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -197,6 +199,9 @@ def main() -> None:
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="run every job under py-spy (record --subprocesses --idle) and keep the samples in DIR; "
                         "benchmarks/profile_summary.py reads them")
+    p.add_argument("--profile-ranks", default=None, metavar="DIR",
+                   help="each rank samples its own process with py-spy until step 1 ends (not its compile workers: "
+                        "less overhead than --profile), into DIR; benchmarks/profile_summary.py reads them")
     p.add_argument("--job-logs", default=None, metavar="DIR",
                    help="keep each job's output (with COLD_START_LOG_LEVEL=DEBUG: the coordinator's log lines) in DIR")
     p.add_argument("job_args", nargs=argparse.REMAINDER, help="after --: model flags for cold_start_job.py")
@@ -229,9 +234,11 @@ def main() -> None:
                     store = redis.url if (uses_redis and method == "compile-once") else None
                     redis_url = redis.url if redis else None
                     profile = job_file(args.profile, f"{args.label}-n{n}-{name[1]}-{rep}.txt")
+                    profile_ranks = job_file(args.profile_ranks, f"{args.label}-n{n}-{name[1]}-{rep}")
                     log = job_file(args.job_logs, f"{args.label}-n{n}-{name[1]}-{rep}.log")
                     run = run_job(n, method, job_args, gpus=args.gpus, store=store,
-                                  redis_url=redis_url if method == "inductor-redis" else None, profile=profile, log=log)
+                                  redis_url=redis_url if method == "inductor-redis" else None, profile=profile,
+                                  profile_ranks=profile_ranks, log=log)
                     if profile:
                         run["profile"] = str(profile)
                     runs.setdefault((n, name), []).append(run)

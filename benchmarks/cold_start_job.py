@@ -51,12 +51,42 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--store", default=None, help="compile-once store URL (default: the job's TCPStore)")
     p.add_argument("--redis-url", default=None, help="Redis for inductor-redis (and bytes moved)")
     p.add_argument("--cache-dir", default=None, help="use this Inductor cache dir instead of an empty one")
+    p.add_argument("--profile-self", default=None, metavar="PREFIX",
+                   help="sample this rank's process alone with py-spy until step 1 ends, into PREFIX-rank<R>.txt")
     return p.parse_args()
+
+
+def start_self_profile(path: str):
+    """py-spy on this process only (all its threads, idle time included), until
+    :func:`stop_self_profile`. Unlike ``cold_start.py --profile``, which samples every
+    process of the job, compile workers included, it leaves the rest of the host alone."""
+    import ctypes
+    import subprocess
+
+    # py-spy is our child, and Yama's ptrace scope 1 lets a process trace only its
+    # descendants: allow any tracer for this process (PR_SET_PTRACER, PR_SET_PTRACER_ANY).
+    ctypes.CDLL(None, use_errno=True).prctl(0x59616D61, ctypes.c_ulong(-1), 0, 0, 0)
+    proc = subprocess.Popen(["py-spy", "record", "--pid", str(os.getpid()), "--idle", "--threads", "--format", "raw",
+                             "--rate", "50", "--output", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # py-spy attaches
+    if proc.poll() is not None:
+        raise SystemExit(f"py-spy could not sample rank process {os.getpid()}: {proc.stderr.read().decode()[-2000:]}")
+    return proc
+
+
+def stop_self_profile(proc) -> None:
+    """Stop the sampler; it writes its file on SIGINT."""
+    import signal
+
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
 
 
 def main() -> None:
     args = parse_args()
     rank_env = os.environ.get("RANK", "0")
+    profile = f"{args.profile_self}-rank{rank_env}.txt" if args.profile_self else None
+    sampler = start_self_profile(profile) if profile else None
     if os.environ.get("COLD_START_LOG_LEVEL"):  # the coordinator's log lines, for debugging a run
         import logging
 
@@ -162,6 +192,8 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         sync()
         step1_end = time.time()
+    if sampler:
+        stop_self_profile(sampler)
     from torch._dynamo.utils import counters
 
     stats = coordinator.stats() if args.method == "compile-once" else {}
@@ -186,6 +218,7 @@ def main() -> None:
         "waited_s": stats.get("waited_s", 0.0),
         "stats": stats,
         "phases": compile_phases(),
+        "profile": profile,
     }
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)

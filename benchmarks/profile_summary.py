@@ -1,6 +1,7 @@
 """Where a cold-start job's time goes: py-spy samples of ``cold_start.py --profile``, by phase.
 
     python benchmarks/cold_start.py --label L --rows d e --profile prof ...   # samples every job
+    python benchmarks/cold_start.py --label L --rows a d --profile-ranks prof ...  # or each rank's process
     python benchmarks/profile_summary.py benchmarks/results/L.json            # this table
 
 For each profiled run, takes the main thread of the leader (the rank that compiled
@@ -17,24 +18,50 @@ import re
 from collections import Counter
 from pathlib import Path
 
-#: Phase -> frame substrings; a sample goes to the first phase with a match anywhere in its stack.
+#: Phase -> frame substrings; a sample goes to the first phase with a match anywhere in its stack
+#: (OWN_WORK is told apart by :func:`coordinator_own`).
+OWN_WORK = "coordinator's own work (hooks, packing, loading)"
 PHASES = [
     ("coordinator store calls", ["coordinator/stores/"]),
     ("coordinator waits for another rank", ["_wait (coordinator/singleflight.py"]),
     ("imports", ["_find_and_load"]),
+    (OWN_WORK, []),
     ("C++ kernel compile (gcc, in this process)", ["cpp_builder.py"]),
     ("Inductor waits on compile workers", ["async_compile.py", "concurrent/futures"]),
     ("Triton kernels (load, launch, tune)", ["triton_heuristics.py", "triton/runtime"]),
     ("Inductor (lowering, codegen, cache)", ["torch/_inductor/"]),
     ("AOTAutograd", ["torch/_functorch/"]),
     ("Dynamo tracing", ["torch/_dynamo/"]),
-    ("coordinator other (packing, loading, hooks)", ["coordinator/"]),
+    ("coordinator frames around Inductor's work (its wrappers)", ["coordinator/"]),
     ("torch.distributed (init, barrier, collectives)", ["torch/distributed/"]),
     ("other (step 1 itself, Python)", [""]),
 ]
-# A sample: the chain of processes from the one py-spy started ("process PID:\"cmd\";"),
-# then "thread (TID)[: name]", the frames root first, and the count.
-_LINE = re.compile(r"process (\d+):\"[^\"]*\";thread \((\d+)\)[^;]*;(.*) (\d+)$")
+# A sample: with --profile, the chain of processes from the one py-spy started ("process
+# PID:\"cmd\";"; none in a rank's own file from --profile-ranks), then "thread (TID)[: name]",
+# the frames root first, and the count.
+_LINE = re.compile(r"(?:process (\d+):\"[^\"]*\";)?thread \((\d+)\)[^;]*;(.*) (\d+)$")
+
+
+def coordinator_own(frames: list[str]) -> bool:
+    """Whether the coordinator, not Inductor or Triton, does the work of this sample: no torch
+    or Triton frame below its deepest coordinator frame. A hook that wraps an Inductor
+    function (``_compat.triton_tuning_hooks``) has Inductor below it, so its samples are
+    Inductor's; what the coordinator adds around the call (hashing, packing, routing) is its own."""
+    deepest = max((i for i, frame in enumerate(frames) if "coordinator/" in frame), default=None)
+    if deepest is None:
+        return False
+    return not any("torch/" in frame or "triton/" in frame for frame in frames[deepest + 1:])
+
+
+def phase_of(stack: str) -> str:
+    """The phase of one sample's stack (frames root first, ``;``-separated)."""
+    for name, needles in PHASES:
+        if name == OWN_WORK:
+            if coordinator_own(stack.split(";")):
+                return name
+        elif any(n in stack for n in needles):
+            return name
+    raise AssertionError("the last phase matches every stack")
 
 
 def main_thread_phases(profile: Path, pid: int, rate: float, detail: str | None = None,
@@ -44,10 +71,10 @@ def main_thread_phases(profile: Path, pid: int, rate: float, detail: str | None 
     seconds: Counter = Counter()
     for line in profile.read_text(errors="replace").splitlines():
         m = _LINE.search(line)
-        if not m or int(m.group(1)) != pid or int(m.group(2)) != pid:
+        if not m or (m.group(1) is not None and int(m.group(1)) != pid) or int(m.group(2)) != pid:
             continue
         stack, count = m.group(3), int(m.group(4))
-        phase = next(name for name, needles in PHASES if any(n in stack for n in needles))
+        phase = phase_of(stack)
         seconds[phase] += count / rate
         if detail and frames is not None and phase.startswith(detail):
             frames[" <- ".join(stack.split(";")[::-1][:4])] += count / rate
@@ -56,32 +83,37 @@ def main_thread_phases(profile: Path, pid: int, rate: float, detail: str | None 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("results", help="benchmarks/results/<label>.json of a run with --profile")
+    p.add_argument("results", nargs="+", help="benchmarks/results/<label>.json of runs with --profile or --profile-ranks")
     p.add_argument("--rate", type=float, default=50.0, help="py-spy's sampling rate (cold_start.py uses 50)")
+    p.add_argument("--profiles", default=None, metavar="DIR",
+                   help="look for each sample file here, by its name, when it is not at its recorded path "
+                        "(samples taken on another machine)")
     p.add_argument("--detail", action="append", default=[], metavar="PHASE",
                    help="also list the innermost frames of this phase (by its name's start), per column")
     args = p.parse_args()
-    raw = json.loads(Path(args.results).read_text())
     columns, details = [], []
-    for row in raw["rows"]:
-        for index, run in enumerate(row["runs"]):
-            if not run.get("profile") or not Path(run["profile"]).exists():
-                continue
-            ranks = sorted(run["ranks"], key=lambda r: r["rank"])
-            leaders = [r for r in ranks if r["fx_misses"] > 0]
-            followers = [r for r in ranks if r["fx_misses"] == 0]
-            title = f"{row['row'][:3]} N={row['n']} run {index + 1} ({run['all_done_s']:.1f}s)"
-            for role, who in (("leader", leaders[:1]), ("follower", followers[:1])):
-                if who:
+    for results in args.results:
+        for row in json.loads(Path(results).read_text())["rows"]:
+            for index, run in enumerate(row["runs"]):
+                ranks = sorted(run["ranks"], key=lambda r: r["rank"])
+                leaders = [r for r in ranks if r["fx_misses"] > 0]
+                followers = [r for r in ranks if r["fx_misses"] == 0]
+                title = f"{row['row'][:3]} N={row['n']} run {index + 1} ({run['all_done_s']:.1f}s)"
+                for role, who in (("leader", leaders[:1]), ("follower", followers[:1])):
+                    profile = who and (who[0].get("profile") or run.get("profile"))
+                    if profile and args.profiles and not Path(profile).exists():
+                        profile = str(Path(args.profiles) / Path(profile).name)
+                    if not profile or not Path(profile).exists():
+                        continue
                     r = who[0]
                     name = f"{title} {role} r{r['rank']} step1 {r['step1_s']:.1f}s"
                     for detail in args.detail:
                         frames: Counter = Counter()
-                        main_thread_phases(Path(run["profile"]), r["pid"], args.rate, detail, frames)
+                        main_thread_phases(Path(profile), r["pid"], args.rate, detail, frames)
                         details.append((name, detail, frames))
-                    columns.append((name, main_thread_phases(Path(run["profile"]), r["pid"], args.rate)))
+                    columns.append((name, main_thread_phases(Path(profile), r["pid"], args.rate)))
     if not columns:
-        raise SystemExit(f"no profiled runs in {args.results}")
+        raise SystemExit(f"no profiled runs in {' '.join(args.results)}")
     print("| phase (main thread, s) | " + " | ".join(title for title, _ in columns) + " |")
     print("|---" * (len(columns) + 1) + "|")
     for phase, _ in PHASES:

@@ -13,12 +13,18 @@
 #                                            # GPT with coordinate descent, N=2 emulated, row d at DEBUG; prints the
 #                                            # follower's autotune misses and Triton compiles (want 0) and the leader's
 #                                            # "shared the cached config" lines (want about 10)
+#   ROWS=a bash benchmarks/gpu/session.sh profile1  # one GPU, N=1, the 4-layer GPT in max-autotune-no-cudagraphs, row
+#                                            # $ROWS (a: one rank alone; d: compile_once) with each rank sampling its own
+#                                            # process (py-spy; carry its wheel: see below); then ROWS=d in the next call and
+#                                            # here: profile_summary.py A.json D.json --profiles DIR (the samples, untarred)
 #   bash benchmarks/gpu/session.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
 #                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>;
 #                                            # JOB_LOGS as for n8
 # ROWS=none measures only the one-rank references (saved to benchmarks/results/$LABEL.json, for
 # MAC_REFS/LARGE_REFS in a later call). n2/n8 reuse the first session's references; REFS= (empty)
 # measures them again on this machine.
+# py-spy is not on the GPU host: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
+# --implementation cp --platform manylinux_2_5_x86_64 -d .whl py-spy (0.4.3 checked), and carry .whl.
 # Each step stops at BUDGET_S seconds (default 570), so that one device call (10 minutes at
 # most) returns what it measured; cold_start.py saves its table after every run.
 set -uo pipefail
@@ -32,7 +38,7 @@ SMALL="--dim 512 --seq 256 --layers 4"
 LARGE="--dim 768 --seq 512 --layers 12"
 REFS=${REFS-benchmarks/results/gpu-small-default-references.json}
 
-case "${1:?timeout | tier | n2 | n8 | large | profile8 | mac | repeated}" in
+case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | mac | repeated}" in
   timeout)
     for flag in "" --coordinator; do
       timeout 150 python3 benchmarks/timeout_scenario.py --timeout 10 $SMALL --cold-extra-s 8 $flag \
@@ -87,6 +93,18 @@ for r in run["ranks"]:
           "autotune", r["stats"]["by_cache"].get("autotune"))
 PY
     echo "leader lines 'shared the cached config': $(cat /tmp/jl-repeated/*.log | grep -c 'shared the cached config')" | tee -a "$OUT/$label.log"
+    ;;
+  profile1)
+    command -v py-spy >/dev/null || { echo "py-spy missing: see the top of this script"; exit 1; }
+    label=${LABEL:-gpu1-small-mac-profile-${ROWS:-a}}
+    rm -rf /tmp/profile-ranks
+    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 1 --ranks 1 --repeat 1 --rows ${ROWS:-a} \
+      --references "${MAC_REFS:-benchmarks/results/gpu1-small-mac-refs10.json}" --profile-ranks /tmp/profile-ranks \
+      --out "$OUT/$label.md" -- $SMALL --mode max-autotune-no-cudagraphs 2>&1 | tee "$OUT/$label.log"
+    python3 benchmarks/profile_summary.py "benchmarks/results/$label.json" --detail "coordinator's own" \
+      --detail Triton --detail Inductor | tee "$OUT/$label-phases.md"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    tar czf "$OUT/$label-samples.tgz" -C /tmp/profile-ranks .
     ;;
   profile8)
     label=${LABEL:-gpu-small-n8-profile}
