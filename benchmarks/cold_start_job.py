@@ -66,11 +66,12 @@ def start_self_profile(path: str):
     # py-spy is our child, and Yama's ptrace scope 1 lets a process trace only its
     # descendants: allow any tracer for this process (PR_SET_PTRACER, PR_SET_PTRACER_ANY).
     ctypes.CDLL(None, use_errno=True).prctl(0x59616D61, ctypes.c_ulong(-1), 0, 0, 0)
-    proc = subprocess.Popen(["py-spy", "record", "--pid", str(os.getpid()), "--idle", "--threads", "--format", "raw",
-                             "--rate", "50", "--output", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with open(path + ".log", "w") as messages:  # a file, not a pipe: a full pipe would stall py-spy
+        proc = subprocess.Popen(["py-spy", "record", "--pid", str(os.getpid()), "--idle", "--threads", "--format", "raw",
+                                 "--rate", "50", "--output", path], stdout=messages, stderr=subprocess.STDOUT)
     time.sleep(1.0)  # py-spy attaches
     if proc.poll() is not None:
-        raise SystemExit(f"py-spy could not sample rank process {os.getpid()}: {proc.stderr.read().decode()[-2000:]}")
+        raise SystemExit(f"py-spy could not sample rank process {os.getpid()}: {Path(path + '.log').read_text()[-2000:]}")
     return proc
 
 
