@@ -64,11 +64,12 @@ def phase_of(stack: str) -> str:
     raise AssertionError("the last phase matches every stack")
 
 
-def main_thread_phases(profile: Path, pid: int, rate: float, detail: str | None = None,
-                       frames: Counter | None = None) -> Counter:
-    """Seconds per phase of process ``pid``'s main thread; with ``detail``, also adds
-    that phase's samples to ``frames`` by their innermost frames."""
+def main_thread_phases(profile: Path, pid: int, rate: float,
+                       details: list[str] | tuple[str, ...] = ()) -> tuple[Counter, dict[str, Counter]]:
+    """Seconds per phase of process ``pid``'s main thread, and for each phase named (by its
+    name's start) in ``details``, that phase's seconds by their innermost frames; one read."""
     seconds: Counter = Counter()
+    frames: dict[str, Counter] = {detail: Counter() for detail in details}
     for line in profile.read_text(errors="replace").splitlines():
         m = _LINE.search(line)
         if not m or (m.group(1) is not None and int(m.group(1)) != pid) or int(m.group(2)) != pid:
@@ -76,9 +77,10 @@ def main_thread_phases(profile: Path, pid: int, rate: float, detail: str | None 
         stack, count = m.group(3), int(m.group(4))
         phase = phase_of(stack)
         seconds[phase] += count / rate
-        if detail and frames is not None and phase.startswith(detail):
-            frames[" <- ".join(stack.split(";")[::-1][:4])] += count / rate
-    return seconds
+        for detail in details:
+            if phase.startswith(detail):
+                frames[detail][" <- ".join(stack.split(";")[::-1][:4])] += count / rate
+    return seconds, frames
 
 
 def main() -> None:
@@ -107,11 +109,9 @@ def main() -> None:
                         continue
                     r = who[0]
                     name = f"{title} {role} r{r['rank']} step1 {r['step1_s']:.1f}s"
-                    for detail in args.detail:
-                        frames: Counter = Counter()
-                        main_thread_phases(Path(profile), r["pid"], args.rate, detail, frames)
-                        details.append((name, detail, frames))
-                    columns.append((name, main_thread_phases(Path(profile), r["pid"], args.rate)))
+                    seconds, frames = main_thread_phases(Path(profile), r["pid"], args.rate, args.detail)
+                    columns.append((name, seconds))
+                    details += [(name, detail, frames[detail]) for detail in args.detail]
     if not columns:
         raise SystemExit(f"no profiled runs in {' '.join(args.results)}")
     print("| phase (main thread, s) | " + " | ".join(title for title, _ in columns) + " |")
