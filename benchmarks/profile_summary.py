@@ -36,6 +36,11 @@ PHASES = [
     ("torch.distributed (init, barrier, collectives)", ["torch/distributed/"]),
     ("other (step 1 itself, Python)", [""]),
 ]
+#: The main thread's wait for the autograd engine, and the root frame of the engine thread's
+#: Python stacks (see :func:`main_thread_phases`).
+_ENGINE_WAIT = "_engine_run_backward (torch/autograd/graph.py"
+_ENGINE_ROOT = "BackwardCFunction.apply (torch/autograd/function.py"
+ENGINE_OUTSIDE_PYTHON = "autograd engine outside Python (backward kernels, GPU)"
 # A sample: with --profile, the chain of processes from the one py-spy started ("process
 # PID:\"cmd\";"; none in a rank's own file from --profile-ranks), then "thread (TID)[: name]",
 # the frames root first, and the count.
@@ -67,19 +72,34 @@ def phase_of(stack: str) -> str:
 def main_thread_phases(profile: Path, pid: int, rate: float,
                        details: list[str] | tuple[str, ...] = ()) -> tuple[Counter, dict[str, Counter]]:
     """Seconds per phase of process ``pid``'s main thread, and for each phase named (by its
-    name's start) in ``details``, that phase's seconds by their innermost frames; one read."""
+    name's start) in ``details``, that phase's seconds by their innermost frames; one read.
+
+    On a GPU, ``loss.backward()`` runs the backward graph, and so compiles it, on the
+    autograd engine's device thread while the main thread waits in ``_engine_run_backward``.
+    That wait is replaced by the engine thread's samples (stacks rooted at
+    ``BackwardCFunction.apply``); what the wait held beyond them, the engine outside
+    Python, is its own phase. On CPU the engine runs on the main thread: nothing changes."""
     seconds: Counter = Counter()
     frames: dict[str, Counter] = {detail: Counter() for detail in details}
+    backward_wait = engine = 0.0
     for line in profile.read_text(errors="replace").splitlines():
         m = _LINE.search(line)
-        if not m or (m.group(1) is not None and int(m.group(1)) != pid) or int(m.group(2)) != pid:
+        if not m or (m.group(1) is not None and int(m.group(1)) != pid):
             continue
         stack, count = m.group(3), int(m.group(4))
+        if int(m.group(2)) != pid:
+            if not stack.startswith(_ENGINE_ROOT):
+                continue
+            engine += count / rate
+        elif _ENGINE_WAIT in stack:
+            backward_wait += count / rate
+            continue
         phase = phase_of(stack)
         seconds[phase] += count / rate
         for detail in details:
             if phase.startswith(detail):
                 frames[detail][" <- ".join(stack.split(";")[::-1][:4])] += count / rate
+    seconds[ENGINE_OUTSIDE_PYTHON] += max(0.0, backward_wait - engine)
     return seconds, frames
 
 
@@ -116,7 +136,7 @@ def main() -> None:
         raise SystemExit(f"no profiled runs in {' '.join(args.results)}")
     print("| phase (main thread, s) | " + " | ".join(title for title, _ in columns) + " |")
     print("|---" * (len(columns) + 1) + "|")
-    for phase, _ in PHASES:
+    for phase in [name for name, _ in PHASES] + [ENGINE_OUTSIDE_PYTHON]:
         print(f"| {phase} | " + " | ".join(f"{c[phase]:.1f}" for _, c in columns) + " |")
     print("| total sampled | " + " | ".join(f"{sum(c.values()):.1f}" for _, c in columns) + " |")
     for name, detail, frames in details:
