@@ -41,6 +41,9 @@ PHASES = [
 _ENGINE_WAIT = "_engine_run_backward (torch/autograd/graph.py"
 _ENGINE_ROOT = "BackwardCFunction.apply (torch/autograd/function.py"
 ENGINE_OUTSIDE_PYTHON = "autograd engine outside Python (backward kernels, GPU)"
+#: ``--detail`` value for the Triton phase by compiler stage (:func:`triton_stage`).
+TRITON_STAGES = "Triton stages"
+_STAGE = re.compile(r"CUDABackend\.(make_\w+)")
 # A sample: with --profile, the chain of processes from the one py-spy started ("process
 # PID:\"cmd\";"; none in a rank's own file from --profile-ranks), then "thread (TID)[: name]",
 # the frames root first, and the count.
@@ -69,10 +72,23 @@ def phase_of(stack: str) -> str:
     raise AssertionError("the last phase matches every stack")
 
 
+def triton_stage(stack: str) -> str:
+    """Where in Triton a sample of the Triton phase is: a compiler stage (``make_llir``:
+    LLVM in this process; ``make_cubin``: waiting for ptxas, a child process), the rest
+    of a compile, a GPU benchmark, or anything else (loading, launching)."""
+    stages = _STAGE.findall(stack)
+    if stages:
+        return f"compile: {stages[-1]}"
+    if "compile (triton/compiler/compiler.py" in stack:
+        return "compile: other"
+    return "benchmark" if "benchmark" in stack else "load, launch, other"
+
+
 def main_thread_phases(profile: Path, pid: int, rate: float,
                        details: list[str] | tuple[str, ...] = ()) -> tuple[Counter, dict[str, Counter]]:
     """Seconds per phase of process ``pid``'s main thread, and for each phase named (by its
     name's start) in ``details``, that phase's seconds by their innermost frames; one read.
+    ``details`` may also hold :data:`TRITON_STAGES`: the Triton phase by :func:`triton_stage`.
 
     On a GPU, ``loss.backward()`` runs the backward graph, and so compiles it, on the
     autograd engine's device thread while the main thread waits in ``_engine_run_backward``.
@@ -97,7 +113,10 @@ def main_thread_phases(profile: Path, pid: int, rate: float,
         phase = phase_of(stack)
         seconds[phase] += count / rate
         for detail in details:
-            if phase.startswith(detail):
+            if detail == TRITON_STAGES:
+                if phase.startswith("Triton"):
+                    frames[detail][triton_stage(stack)] += count / rate
+            elif phase.startswith(detail):
                 frames[detail][" <- ".join(stack.split(";")[::-1][:4])] += count / rate
     seconds[ENGINE_OUTSIDE_PYTHON] += max(0.0, backward_wait - engine)
     return seconds, frames
@@ -111,7 +130,8 @@ def main() -> None:
                    help="look for each sample file here, by its name, when it is not at its recorded path "
                         "(samples taken on another machine)")
     p.add_argument("--detail", action="append", default=[], metavar="PHASE",
-                   help="also list the innermost frames of this phase (by its name's start), per column")
+                   help="also list the innermost frames of this phase (by its name's start), per column; "
+                        f"'{TRITON_STAGES}': the Triton phase by compiler stage")
     args = p.parse_args()
     columns, details = [], []
     for results in args.results:
@@ -120,7 +140,8 @@ def main() -> None:
                 ranks = sorted(run["ranks"], key=lambda r: r["rank"])
                 leaders = [r for r in ranks if r["fx_misses"] > 0]
                 followers = [r for r in ranks if r["fx_misses"] == 0]
-                title = f"{row['row'][:3]} N={row['n']} run {index + 1} ({run['all_done_s']:.1f}s)"
+                label = f"{Path(results).stem} " if len(args.results) > 1 else ""
+                title = f"{label}{row['row'][:3]} N={row['n']} run {index + 1} ({run['all_done_s']:.1f}s)"
                 for role, who in (("leader", leaders[:1]), ("follower", followers[:1])):
                     profile = who and (who[0].get("profile") or run.get("profile"))
                     if profile and args.profiles and not Path(profile).exists():
@@ -139,7 +160,15 @@ def main() -> None:
     for phase in [name for name, _ in PHASES] + [ENGINE_OUTSIDE_PYTHON]:
         print(f"| {phase} | " + " | ".join(f"{c[phase]:.1f}" for _, c in columns) + " |")
     print("| total sampled | " + " | ".join(f"{sum(c.values()):.1f}" for _, c in columns) + " |")
+    if TRITON_STAGES in args.detail:
+        stages = [(name, frames) for name, detail, frames in details if detail == TRITON_STAGES]
+        print("\n| Triton phase by stage (s) | " + " | ".join(name for name, _ in stages) + " |")
+        print("|---" * (len(stages) + 1) + "|")
+        for stage in sorted(set().union(*(frames for _, frames in stages))):
+            print(f"| {stage} | " + " | ".join(f"{frames[stage]:.1f}" for _, frames in stages) + " |")
     for name, detail, frames in details:
+        if detail == TRITON_STAGES:
+            continue
         print(f"\n{name}, {detail}... (innermost frames first, seconds):")
         for stack, sec in frames.most_common(12):
             print(f"  {sec:6.2f}  {stack}")

@@ -17,6 +17,8 @@
 #                                            # $ROWS (a: one rank alone; d: compile_once) with each rank sampling its own
 #                                            # process (py-spy; carry its wheel: see below); then ROWS=d in the next call and
 #                                            # here: profile_summary.py A.json D.json --profiles DIR (the samples, untarred)
+#   bash benchmarks/gpu/session.sh compile-speed  # one GPU, ~2 minutes: does a process under compile_once (hooks,
+#                                            # heartbeat, 457 MB in its store) compile Triton kernels slower?
 #   bash benchmarks/gpu/session.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
 #                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>;
 #                                            # JOB_LOGS as for n8
@@ -38,7 +40,7 @@ SMALL="--dim 512 --seq 256 --layers 4"
 LARGE="--dim 768 --seq 512 --layers 12"
 REFS=${REFS-benchmarks/results/gpu-small-default-references.json}
 
-case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | mac | repeated}" in
+case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | compile-speed | mac | repeated}" in
   timeout)
     for flag in "" --coordinator; do
       timeout 150 python3 benchmarks/timeout_scenario.py --timeout 10 $SMALL --cold-extra-s 8 $flag \
@@ -102,9 +104,13 @@ PY
       --references "${MAC_REFS:-benchmarks/results/gpu1-small-mac-refs10.json}" --profile-ranks /tmp/profile-ranks \
       --out "$OUT/$label.md" -- $SMALL --mode max-autotune-no-cudagraphs 2>&1 | tee "$OUT/$label.log"
     python3 benchmarks/profile_summary.py "benchmarks/results/$label.json" --detail "coordinator's own" \
-      --detail Triton --detail Inductor | tee "$OUT/$label-phases.md"
+      --detail "Triton stages" --detail Inductor | tee "$OUT/$label-phases.md"
     cp "benchmarks/results/$label.json" "$OUT/"
     tar czf "$OUT/$label-samples.tgz" -C /tmp/profile-ranks .
+    ;;
+  compile-speed)
+    timeout "$(left)" python3 benchmarks/gpu/triton_compile_speed.py --kernels 30 --rounds 3 \
+      --out "$OUT/triton-compile-speed.json" 2>&1 | tee "$OUT/triton-compile-speed.log"
     ;;
   profile8)
     label=${LABEL:-gpu-small-n8-profile}
