@@ -60,7 +60,8 @@ one-GPU reproducer, ``benchmarks/gpu/logs-2026-11-22-i/gpu1-large-coordesc-n2*``
 version gated on ``autotune_cache_info`` never fired). The final version ran on 2.11.0 in the
 tenth session's reproducer: the follower missed no autotune key and compiled no Triton kernel,
 and the leader shared 10 configs and did not descend them again
-(``benchmarks/gpu/logs-2026-11-23/gpu1-large-coordesc-n2*``).
+(``benchmarks/gpu/logs-2026-11-23/gpu1-large-coordesc-n2*``), and in the eleventh session's GPU
+tier (all 4 cases pass; ``benchmarks/gpu/logs-2026-11-23-b/gpu-tier.log``).
 """
 
 from __future__ import annotations
