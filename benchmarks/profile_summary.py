@@ -40,7 +40,7 @@ PHASES = [
 #: Python stacks (see :func:`main_thread_phases`).
 _ENGINE_WAIT = "_engine_run_backward (torch/autograd/graph.py"
 _ENGINE_ROOT = "BackwardCFunction.apply (torch/autograd/function.py"
-ENGINE_OUTSIDE_PYTHON = "autograd engine outside Python (backward kernels, GPU)"
+ENGINE_OUTSIDE_PYTHON = "autograd engine outside Python (backward kernels)"
 #: ``--detail`` value for the Triton phase by compiler stage (:func:`triton_stage`).
 TRITON_STAGES = "Triton stages"
 _STAGE = re.compile(r"CUDABackend\.(make_\w+)")
@@ -91,10 +91,12 @@ def main_thread_phases(profile: Path, pid: int, rate: float,
     ``details`` may also hold :data:`TRITON_STAGES`: the Triton phase by :func:`triton_stage`.
 
     On a GPU, ``loss.backward()`` runs the backward graph, and so compiles it, on the
-    autograd engine's device thread while the main thread waits in ``_engine_run_backward``.
-    That wait is replaced by the engine thread's samples (stacks rooted at
-    ``BackwardCFunction.apply``); what the wait held beyond them, the engine outside
-    Python, is its own phase. On CPU the engine runs on the main thread: nothing changes."""
+    autograd engine's device thread while the main thread waits in ``_engine_run_backward``
+    (its innermost Python frame). That wait is replaced by the engine thread's samples
+    (stacks rooted at ``BackwardCFunction.apply``); what the wait held beyond them, the
+    engine outside Python, is its own phase. On CPU the engine runs on the main thread: its
+    Python frames are the main thread's, and the engine outside Python is the main thread's
+    samples with ``_engine_run_backward`` innermost (backward kernels in C++)."""
     seconds: Counter = Counter()
     frames: dict[str, Counter] = {detail: Counter() for detail in details}
     backward_wait = engine = 0.0
@@ -107,7 +109,7 @@ def main_thread_phases(profile: Path, pid: int, rate: float,
             if not stack.startswith(_ENGINE_ROOT):
                 continue
             engine += count / rate
-        elif _ENGINE_WAIT in stack:
+        elif stack.rsplit(";", 1)[-1].startswith(_ENGINE_WAIT):  # the main thread in C++ autograd
             backward_wait += count / rate
             continue
         phase = phase_of(stack)
