@@ -60,9 +60,10 @@ def start_self_profile(path: str):
     """py-spy on this process only (all its threads, idle time included), until
     :func:`stop_self_profile`. Unlike ``cold_start.py --profile``, which samples every
     process of the job, compile workers included, it leaves the rest of the host alone.
-    ``--nonblocking``: py-spy reads the stacks without pausing the process. Pausing a
-    max-autotune rank (some 30 threads) 50 times a second made its step 1 1.33x longer
-    on an H200 (485.6 s; 364.2 s unprofiled on another H200); a rare sample may mix two moments."""
+    ``--nonblocking``: py-spy reads the stacks without pausing the process (a rare sample
+    may mix two moments). Pausing a max-autotune rank, some 30 threads, 50 times a second
+    pushed one run past its device call's time limit; its cost was not separated from the
+    machine's (step 1: 485.6 s paused, 454.0 s not, 364.2 s unprofiled, on three H200s)."""
     import ctypes
     import subprocess
 

@@ -7,7 +7,8 @@
 For each profiled run, takes the main thread of the leader (the rank that compiled
 graphs) and of one follower, and puts every sample (idle ones included: py-spy ran
 with ``--idle``) in the first phase below whose frames it contains, so the phases add
-up to the thread's whole life. Prints seconds per phase, one column per run.
+up to the thread's whole life (on a GPU, with the autograd engine's thread in place of
+the main thread's wait for it). Prints seconds per phase, one column per run.
 """
 
 from __future__ import annotations
