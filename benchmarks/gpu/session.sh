@@ -17,8 +17,9 @@
 #                                            # $ROWS (a: one rank alone; d: compile_once) with each rank sampling its own
 #                                            # process (py-spy; carry its wheel: see below); then ROWS=d in the next call and
 #                                            # here: profile_summary.py A.json D.json --profiles DIR (the samples, untarred)
-#   bash benchmarks/gpu/session.sh compile-speed  # one GPU, ~2 minutes: does a process under compile_once (hooks,
-#                                            # heartbeat, 457 MB in its store) compile Triton kernels slower?
+#   bash benchmarks/gpu/session.sh compile-speed  # one GPU, ~2.5 minutes: does a process under compile_once (hooks,
+#                                            # heartbeat, 457 MB in its store) compile Triton kernels slower? (states
+#                                            # in a balanced order)
 #   bash benchmarks/gpu/session.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
 #                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>;
 #                                            # JOB_LOGS as for n8
@@ -109,8 +110,8 @@ PY
     tar czf "$OUT/$label-samples.tgz" -C /tmp/profile-ranks .
     ;;
   compile-speed)
-    timeout "$(left)" python3 benchmarks/gpu/triton_compile_speed.py --kernels 30 --rounds 3 \
-      --out "$OUT/triton-compile-speed.json" 2>&1 | tee "$OUT/triton-compile-speed.log"
+    timeout "$(left)" python3 benchmarks/gpu/triton_compile_speed.py --kernels 20 --rounds 4 --balanced \
+      --out "$OUT/triton-compile-speed-balanced.json" 2>&1 | tee "$OUT/triton-compile-speed-balanced.log"
     ;;
   profile8)
     label=${LABEL:-gpu-small-n8-profile}

@@ -8,12 +8,16 @@ and again in one process, alternating the states that process is in under (d):
 * ``plain``: no session;
 * ``open``: inside ``coordinator.compile_once()`` over the job's store (its Inductor
   hooks, its environment for compile workers, its heartbeat thread);
-* ``+ballast``: both again, after 457 MB went into the job's TCPStore (served from this
-  process, as rank 0's store is) and stays held here, as (d)'s leader holds its kernels.
+* ``+ballast``: both again, with 457 MB in the job's TCPStore (served from this process,
+  as rank 0's store is) and held here, as (d)'s leader holds its kernels.
 
 Each compile is a new ``tl.dot`` kernel (a constexpr salt makes every one a cache miss).
+With ``--balanced``, each round runs the four states in its own order (a Latin square), so
+that a drift of the host's speed over the run falls on every state alike; the ballast is
+put in and taken out as the order needs. Each window also records the host's load average.
 
-    python benchmarks/gpu/triton_compile_speed.py --kernels 30 --rounds 2
+    python benchmarks/gpu/triton_compile_speed.py --kernels 30 --rounds 3
+    python benchmarks/gpu/triton_compile_speed.py --kernels 20 --rounds 4 --balanced
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernels", type=int, default=30, help="compiles per state per round")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--balanced", action="store_true",
+                   help="each round runs the states in its own order (rounds: a multiple of 4)")
     p.add_argument("--out", default=None, help="write the results here as JSON")
     args = p.parse_args()
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-speed-")
@@ -88,25 +94,46 @@ def main() -> None:
 
     compile_some(4)  # Triton's first compile loads its backends
     results: dict[str, list[float]] = {}
+    windows: list[dict] = []
+    speed_store = C10dStore(store, prefix="speed/")
+    held: list[bytes] = []
+
+    def set_ballast(on: bool) -> None:
+        if on and not held:
+            held.append(os.urandom(BALLAST_BYTES))
+            speed_store.set("ballast", held[0])
+        elif not on and held:
+            speed_store.delete("ballast")
+            held.clear()
 
     def measure(state: str) -> None:
+        set_ballast(state.endswith("+ballast"))
+        load_before = os.getloadavg()[0]
         if state.startswith("open"):
             with coordinator.compile_once():
                 seconds = compile_some(args.kernels)
         else:
             seconds = compile_some(args.kernels)
         results.setdefault(state, []).extend(seconds)
+        windows.append({"state": state, "mean_s": statistics.mean(seconds), "load_before": load_before,
+                        "load_after": os.getloadavg()[0]})
         print(f"{state:16s} mean {statistics.mean(seconds) * 1000:7.1f} ms  median "
-              f"{statistics.median(seconds) * 1000:7.1f} ms  ({len(seconds)} compiles)", flush=True)
+              f"{statistics.median(seconds) * 1000:7.1f} ms  ({len(seconds)} compiles; load average "
+              f"{load_before:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
 
-    for _ in range(args.rounds):
-        for state in ("plain", "open"):
-            measure(state)
-    ballast = os.urandom(BALLAST_BYTES)
-    C10dStore(store, prefix="speed/").set("ballast", ballast)
-    for _ in range(args.rounds):
-        for state in ("plain+ballast", "open+ballast"):
-            measure(state)
+    states = ("plain", "open", "plain+ballast", "open+ballast")
+    if args.balanced:
+        latin = [(0, 1, 2, 3), (1, 3, 0, 2), (2, 0, 3, 1), (3, 2, 1, 0)]
+        for r in range(args.rounds):
+            for index in latin[r % 4]:
+                measure(states[index])
+    else:  # the first run's order: both states without the ballast, then both with it
+        for _ in range(args.rounds):
+            for state in states[:2]:
+                measure(state)
+        for _ in range(args.rounds):
+            for state in states[2:]:
+                measure(state)
 
     base = statistics.mean(results["plain"])
     print("\n| state | compiles | mean (ms) | median (ms) | mean ÷ plain |\n|---|---|---|---|---|")
@@ -115,7 +142,8 @@ def main() -> None:
               f"{statistics.median(seconds) * 1000:.1f} | {statistics.mean(seconds) / base:.3f} |")
     if args.out:
         Path(args.out).write_text(json.dumps({"torch": torch.__version__, "triton": triton.__version__,
-                                              "gpu": torch.cuda.get_device_name(0), "seconds": results}, indent=1))
+                                              "gpu": torch.cuda.get_device_name(0), "balanced": args.balanced,
+                                              "windows": windows, "seconds": results}, indent=1))
     dist.destroy_process_group()
 
 
