@@ -42,8 +42,6 @@ PHASES = [
 _ENGINE_WAIT = "_engine_run_backward (torch/autograd/graph.py"
 _ENGINE_ROOT = "BackwardCFunction.apply (torch/autograd/function.py"
 ENGINE_OUTSIDE_PYTHON = "autograd engine outside Python (backward kernels)"
-#: ``--detail`` value for the Triton phase by compiler stage (:func:`triton_stage`).
-TRITON_STAGES = "Triton stages"
 _STAGE = re.compile(r"CUDABackend\.(make_\w+)")
 # A sample: with --profile, the chain of processes from the one py-spy started ("process
 # PID:\"cmd\";"; none in a rank's own file from --profile-ranks), then "thread (TID)[: name]",
@@ -85,11 +83,11 @@ def triton_stage(stack: str) -> str:
     return "benchmark" if "benchmark" in stack else "load, launch, other"
 
 
-def main_thread_phases(profile: Path, pid: int, rate: float,
-                       details: list[str] | tuple[str, ...] = ()) -> tuple[Counter, dict[str, Counter]]:
-    """Seconds per phase of process ``pid``'s main thread, and for each phase named (by its
-    name's start) in ``details``, that phase's seconds by their innermost frames; one read.
-    ``details`` may also hold :data:`TRITON_STAGES`: the Triton phase by :func:`triton_stage`.
+def main_thread_phases(profile: Path, pid: int, rate: float, details: list[str] | tuple[str, ...] = ()
+                       ) -> tuple[Counter, dict[str, Counter], Counter]:
+    """Seconds per phase of process ``pid``'s main thread; for each phase named (by its name's
+    start) in ``details``, that phase's seconds by their innermost frames; and the Triton
+    phase's seconds by :func:`triton_stage`. One read.
 
     On a GPU, ``loss.backward()`` runs the backward graph, and so compiles it, on the
     autograd engine's device thread while the main thread waits in ``_engine_run_backward``
@@ -100,6 +98,7 @@ def main_thread_phases(profile: Path, pid: int, rate: float,
     samples with ``_engine_run_backward`` innermost (backward kernels in C++)."""
     seconds: Counter = Counter()
     frames: dict[str, Counter] = {detail: Counter() for detail in details}
+    stages: Counter = Counter()
     backward_wait = engine = 0.0
     for line in profile.read_text(errors="replace").splitlines():
         m = _LINE.search(line)
@@ -115,14 +114,13 @@ def main_thread_phases(profile: Path, pid: int, rate: float,
             continue
         phase = phase_of(stack)
         seconds[phase] += count / rate
+        if phase.startswith("Triton"):
+            stages[triton_stage(stack)] += count / rate
         for detail in details:
-            if detail == TRITON_STAGES:
-                if phase.startswith("Triton"):
-                    frames[detail][triton_stage(stack)] += count / rate
-            elif phase.startswith(detail):
+            if phase.startswith(detail):
                 frames[detail][" <- ".join(stack.split(";")[::-1][:4])] += count / rate
     seconds[ENGINE_OUTSIDE_PYTHON] += max(0.0, backward_wait - engine)
-    return seconds, frames
+    return seconds, frames, stages
 
 
 def main() -> None:
@@ -133,17 +131,17 @@ def main() -> None:
                    help="look for each sample file here, by its name, when it is not at its recorded path "
                         "(samples taken on another machine)")
     p.add_argument("--detail", action="append", default=[], metavar="PHASE",
-                   help="also list the innermost frames of this phase (by its name's start), per column; "
-                        f"'{TRITON_STAGES}': the Triton phase by compiler stage")
+                   help="also list the innermost frames of this phase (by its name's start), per column")
+    p.add_argument("--triton-stages", action="store_true", help="also tabulate the Triton phase by compiler stage")
     args = p.parse_args()
-    columns, details = [], []
+    columns, details, stages = [], [], []
     for results in args.results:
+        label = f"{Path(results).stem} " if len(args.results) > 1 else ""
         for row in json.loads(Path(results).read_text())["rows"]:
             for index, run in enumerate(row["runs"]):
                 ranks = sorted(run["ranks"], key=lambda r: r["rank"])
                 leaders = [r for r in ranks if r["fx_misses"] > 0]
                 followers = [r for r in ranks if r["fx_misses"] == 0]
-                label = f"{Path(results).stem} " if len(args.results) > 1 else ""
                 title = f"{label}{row['row'][:3]} N={row['n']} run {index + 1} ({run['all_done_s']:.1f}s)"
                 for role, who in (("leader", leaders[:1]), ("follower", followers[:1])):
                     profile = who and (who[0].get("profile") or run.get("profile"))
@@ -153,8 +151,9 @@ def main() -> None:
                         continue
                     r = who[0]
                     name = f"{title} {role} r{r['rank']} step1 {r['step1_s']:.1f}s"
-                    seconds, frames = main_thread_phases(Path(profile), r["pid"], args.rate, args.detail)
+                    seconds, frames, by_stage = main_thread_phases(Path(profile), r["pid"], args.rate, args.detail)
                     columns.append((name, seconds))
+                    stages.append((name, by_stage))
                     details += [(name, detail, frames[detail]) for detail in args.detail]
     if not columns:
         raise SystemExit(f"no profiled runs in {' '.join(args.results)}")
@@ -163,15 +162,12 @@ def main() -> None:
     for phase in [name for name, _ in PHASES] + [ENGINE_OUTSIDE_PYTHON]:
         print(f"| {phase} | " + " | ".join(f"{c[phase]:.1f}" for _, c in columns) + " |")
     print("| total sampled | " + " | ".join(f"{sum(c.values()):.1f}" for _, c in columns) + " |")
-    if TRITON_STAGES in args.detail:
-        stages = [(name, frames) for name, detail, frames in details if detail == TRITON_STAGES]
+    if args.triton_stages:
         print("\n| Triton phase by stage (s) | " + " | ".join(name for name, _ in stages) + " |")
         print("|---" * (len(stages) + 1) + "|")
         for stage in sorted(set().union(*(frames for _, frames in stages))):
             print(f"| {stage} | " + " | ".join(f"{frames[stage]:.1f}" for _, frames in stages) + " |")
     for name, detail, frames in details:
-        if detail == TRITON_STAGES:
-            continue
         print(f"\n{name}, {detail}... (innermost frames first, seconds):")
         for stack, sec in frames.most_common(12):
             print(f"  {sec:6.2f}  {stack}")

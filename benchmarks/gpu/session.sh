@@ -105,7 +105,7 @@ PY
       --references "${MAC_REFS:-benchmarks/results/gpu1-small-mac-refs10.json}" --profile-ranks /tmp/profile-ranks \
       --out "$OUT/$label.md" -- $SMALL --mode max-autotune-no-cudagraphs 2>&1 | tee "$OUT/$label.log"
     python3 benchmarks/profile_summary.py "benchmarks/results/$label.json" --detail "coordinator's own" \
-      --detail "Triton stages" --detail Inductor | tee "$OUT/$label-phases.md"
+      --triton-stages --detail Inductor | tee "$OUT/$label-phases.md"
     cp "benchmarks/results/$label.json" "$OUT/"
     tar czf "$OUT/$label-samples.tgz" -C /tmp/profile-ranks .
     ;;
