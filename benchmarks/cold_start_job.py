@@ -70,9 +70,15 @@ def start_self_profile(path: str):
     # py-spy is our child, and Yama's ptrace scope 1 lets a process trace only its
     # descendants: allow any tracer for this process (PR_SET_PTRACER, PR_SET_PTRACER_ANY).
     ctypes.CDLL(None, use_errno=True).prctl(0x59616D61, ctypes.c_ulong(-1), 0, 0, 0)
+    cmd = ["py-spy", "record", "--pid", str(os.getpid()), "--idle", "--threads", "--format", "raw",
+           "--nonblocking", "--rate", "50", "--output", path]
+    # py-spy writes its samples only when it stops: where a time limit will end the run
+    # (session.sh sets COLD_START_PROFILE_UNTIL), stop it before, so the samples survive.
+    until = os.environ.get("COLD_START_PROFILE_UNTIL")
+    if until:
+        cmd += ["--duration", str(max(1, int(until) - int(time.time())))]
     with open(path + ".log", "w") as messages:  # a file, not a pipe: a full pipe would stall py-spy
-        proc = subprocess.Popen(["py-spy", "record", "--pid", str(os.getpid()), "--idle", "--threads", "--format", "raw",
-                                 "--nonblocking", "--rate", "50", "--output", path], stdout=messages, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=messages, stderr=subprocess.STDOUT)
     time.sleep(1.0)  # py-spy attaches
     if proc.poll() is not None:
         raise SystemExit(f"py-spy could not sample rank process {os.getpid()}: {Path(path + '.log').read_text()[-2000:]}")

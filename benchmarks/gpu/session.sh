@@ -22,14 +22,17 @@
 #                                            # in a balanced order)
 #   bash benchmarks/gpu/session.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
 #                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>;
-#                                            # JOB_LOGS as for n8
+#                                            # JOB_LOGS as for n8; PROFILE_RANKS=1: each rank samples its own
+#                                            # process (as in profile1), samples in $OUT/$LABEL-samples.tgz
 # ROWS=none measures only the one-rank references (saved to benchmarks/results/$LABEL.json, for
 # MAC_REFS/LARGE_REFS in a later call). n2/n8 reuse the first session's references; REFS= (empty)
 # measures them again on this machine.
 # py-spy is not on the GPU host: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
 # --implementation cp --platform manylinux_2_5_x86_64 -d .whl py-spy (0.4.3 checked), and carry .whl.
 # Each step stops at BUDGET_S seconds (default 570), so that one device call (10 minutes at
-# most) returns what it measured; cold_start.py saves its table after every run.
+# most) returns what it measured; cold_start.py saves its table after every run, and a rank's
+# py-spy stops 20 s before then, writing its samples. Every step leaves $OUT/machine.txt (host,
+# GPU UUIDs: which calls ran on one machine) and $OUT/vmstat.log (load, CPU steal, every 5 s).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
@@ -37,6 +40,14 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 START=$SECONDS
 left() { echo $(( ${BUDGET_S:-570} - (SECONDS - START) )); }
+# A rank sampling itself (--profile-ranks) stops py-spy at this time, so its samples are written
+# even when the step's timeout ends the run.
+export COLD_START_PROFILE_UNTIL=$(( $(date +%s) + ${BUDGET_S:-570} - 20 ))
+{ hostname; cat /etc/machine-id 2>/dev/null; nvidia-smi -L; date -u; } > "$OUT/machine.txt" 2>&1
+if command -v vmstat >/dev/null; then vmstat -t 5; else
+  while :; do echo "$(date +%T) $(cat /proc/loadavg) $(head -1 /proc/stat)"; sleep 5; done; fi > "$OUT/vmstat.log" 2>&1 &
+MONITOR=$!
+trap 'kill $MONITOR 2>/dev/null' EXIT
 SMALL="--dim 512 --seq 256 --layers 4"
 LARGE="--dim 768 --seq 512 --layers 12"
 REFS=${REFS-benchmarks/results/gpu-small-default-references.json}
@@ -73,11 +84,17 @@ case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | compile-spee
     ;;
   mac)
     label=${LABEL:-gpu-small-mac-n${RANKS:-2}}
+    if [ -n "${PROFILE_RANKS:-}" ]; then
+      command -v py-spy >/dev/null || { echo "py-spy missing: see the top of this script"; exit 1; }
+      rm -rf /tmp/profile-ranks
+    fi
     timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks "${RANKS:-2}" --repeat "${REPEAT:-3}" \
-      --rows ${ROWS:-a d e} ${MAC_REFS:+--references "$MAC_REFS"} ${JOB_LOGS:+--job-logs "$JOB_LOGS"} --out "$OUT/$label.md" \
+      --rows ${ROWS:-a d e} ${MAC_REFS:+--references "$MAC_REFS"} ${JOB_LOGS:+--job-logs "$JOB_LOGS"} \
+      ${PROFILE_RANKS:+--profile-ranks /tmp/profile-ranks} --out "$OUT/$label.md" \
       -- $SMALL --mode max-autotune-no-cudagraphs 2>&1 | tee "$OUT/$label.log"
     cp "benchmarks/results/$label.json" "$OUT/"
     if [ -n "${JOB_LOGS:-}" ]; then tar czf "$OUT/$label-job-logs.tgz" -C "$JOB_LOGS" .; fi
+    if [ -n "${PROFILE_RANKS:-}" ]; then tar czf "$OUT/$label-samples.tgz" -C /tmp/profile-ranks .; fi
     ;;
   repeated)
     label=${LABEL:-gpu1-large-coordesc-n2}
