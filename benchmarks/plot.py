@@ -7,12 +7,19 @@ Each LOG is the printed output of one or more ``cold_start.py`` runs (the per-ro
 a bar per row, height = time until all ranks finish step 1 ÷ one rank compiling alone,
 with the 1.10× target drawn in. When several logs of a panel have the same row, the bar is
 the last log's and the earlier ones are drawn as dots on it.
+
+A LOG written ``LOG@REF.json[+REF.json...]`` is divided by the mean one-rank time of those
+results files (each file's own (a) N=1 runs, else its references) instead of the ratio it
+printed: for a run whose one-rank references were measured beside it, before and after,
+on the same machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import statistics
 import textwrap
 from pathlib import Path
 
@@ -22,19 +29,32 @@ ROW = re.compile(r"^N=(\d+) (\([a-f]\)[^\d]+?)\s+([\d.]+)s \(([\d.]+)x\)")
 TABLE_ROW = re.compile(r"^\| (\d+) \| (\([a-f]\)[^|]+?) \| ([\d.]+) \| ([\d.]+)× \|")
 
 
-def parse(log: str) -> dict[int, dict[str, float]]:
+def parse(log: str, alone_s: float | None = None) -> dict[int, dict[str, float]]:
+    """{N: {row: ratio}}: the ratios the log printed, or its times ÷ ``alone_s``."""
     rows: dict[int, dict[str, float]] = {}
     for line in log.splitlines():
         m = ROW.match(line.strip()) or TABLE_ROW.match(line.strip())
         if m:
-            rows.setdefault(int(m.group(1)), {})[m.group(2).strip()] = float(m.group(4))
+            ratio = float(m.group(3)) / alone_s if alone_s else float(m.group(4))
+            rows.setdefault(int(m.group(1)), {})[m.group(2).strip()] = ratio
     return rows
+
+
+def one_rank_s(results: list[str]) -> float:
+    """Mean one-rank time over results files: each file's (a) N=1 runs, else its references."""
+    times: list[float] = []
+    for path in results:
+        raw = json.loads(Path(path).read_text())
+        alone = [run["all_done_s"] for row in raw["rows"] if row["n"] == 1 and row["row"].startswith("(a)")
+                 for run in row["runs"]]
+        times += alone or [raw["references"]["alone_s"]]
+    return statistics.mean(times)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(Path(__file__).with_name("cold_start.png")))
-    p.add_argument("panels", nargs="+", help="NAME=LOG[,LOG...]")
+    p.add_argument("panels", nargs="+", help="NAME=LOG[@REF.json[+REF.json...]][,LOG...]")
     args = p.parse_args()
     import matplotlib
 
@@ -50,8 +70,10 @@ def main() -> None:
         name, _, logs = panel.partition("=")
         rows: dict[int, dict[str, float]] = {}
         earlier: dict[int, dict[str, list[float]]] = {}
-        for log in logs.split(","):
-            for n, found in parse(Path(log).read_text()).items():
+        for entry in logs.split(","):
+            log, _, refs = entry.partition("@")
+            alone_s = one_rank_s(refs.split("+")) if refs else None
+            for n, found in parse(Path(log).read_text(), alone_s).items():
                 for method, ratio in found.items():
                     if method in rows.get(n, {}):
                         earlier.setdefault(n, {}).setdefault(method, []).append(rows[n][method])
