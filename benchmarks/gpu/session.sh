@@ -20,6 +20,8 @@
 #   bash benchmarks/gpu/session.sh compile-speed  # one GPU, ~2.5 minutes: does a process under compile_once (hooks,
 #                                            # heartbeat, 457 MB in its store) compile Triton kernels slower? (states
 #                                            # in a balanced order)
+#   bash benchmarks/gpu/session.sh recompile-probe  # one GPU, about a minute: does max-autotune compile each GEMM
+#                                            # template choice twice (precompile threads, then benchmark)? and why
 #   bash benchmarks/gpu/session.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
 #                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>;
 #                                            # JOB_LOGS as for n8; PROFILE_RANKS=1: each rank samples its own
@@ -52,7 +54,7 @@ SMALL="--dim 512 --seq 256 --layers 4"
 LARGE="--dim 768 --seq 512 --layers 12"
 REFS=${REFS-benchmarks/results/gpu-small-default-references.json}
 
-case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | compile-speed | mac | repeated}" in
+case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | compile-speed | recompile-probe | mac | repeated}" in
   timeout)
     for flag in "" --coordinator; do
       timeout 150 python3 benchmarks/timeout_scenario.py --timeout 10 $SMALL --cold-extra-s 8 $flag \
@@ -125,6 +127,9 @@ PY
       --triton-stages --detail Inductor | tee "$OUT/$label-phases.md"
     cp "benchmarks/results/$label.json" "$OUT/"
     tar czf "$OUT/$label-samples.tgz" -C /tmp/profile-ranks .
+    ;;
+  recompile-probe)
+    timeout "$(left)" python3 benchmarks/gpu/recompile_probe.py --out "$OUT/recompile-probe.json" 2>&1 | tee "$OUT/recompile-probe.log"
     ;;
   compile-speed)
     timeout "$(left)" python3 benchmarks/gpu/triton_compile_speed.py --kernels 20 --rounds 4 --balanced \
