@@ -140,8 +140,43 @@ def main() -> None:
           f"cache key, {other_key} with another")
     for example in examples:
         print("differs (precompile, benchmark):", json.dumps(example, indent=1)[:3000])
+    elsewhere = compiled_elsewhere({r["hash"] for r in records}, {r["hash"] for r in records if r["where"] == "benchmark"})
     with open(args.out, "w") as f:
-        json.dump({"torch": torch.__version__, "triton": triton.__version__, "wall_s": wall, "records": records}, f)
+        json.dump({"torch": torch.__version__, "triton": triton.__version__, "wall_s": wall, "records": records,
+                   "compiled_elsewhere": elsewhere}, f)
+
+
+def compiled_elsewhere(here: set[str], benchmarked: set[str]) -> dict:
+    """Triton's cache entries that this process did not compile (Inductor's compile workers
+    did), matched by their TTIR to the kernels compiled again at benchmark time; prints how
+    the two entries' metadata differ."""
+    import hashlib
+    from pathlib import Path
+
+    entries = {}
+    for group in Path(os.environ["TRITON_CACHE_DIR"]).iterdir():
+        meta = [m for m in group.glob("*.json") if not m.name.startswith("__grp__")]
+        ttir = list(group.glob("*.ttir"))
+        if meta and ttir:
+            entries[group.name] = {"meta": json.loads(meta[0].read_text()),
+                                   "ttir": hashlib.sha256(ttir[0].read_bytes()).hexdigest()}
+    workers = {h: e for h, e in entries.items() if h not in here}
+    by_ttir = {e["ttir"]: h for h, e in workers.items()}
+    matched, diffs = 0, []
+    for h in benchmarked:
+        mine = entries.get(h)
+        theirs = by_ttir.get(mine["ttir"]) if mine else None
+        if theirs is None:
+            continue
+        matched += 1
+        if len(diffs) < 3:
+            a, b = workers[theirs]["meta"], mine["meta"]
+            diffs.append({k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)})
+    print(f"Triton cache entries: {len(entries)}; compiled by other processes (compile workers): {len(workers)}; "
+          f"benchmark-time compiles whose TTIR a worker had compiled: {matched} of {len(benchmarked)}")
+    for d in diffs:
+        print("metadata differs (worker, benchmark):", json.dumps(d)[:2000])
+    return {"entries": len(entries), "workers": len(workers), "matched": matched, "diffs": diffs}
 
 
 if __name__ == "__main__":
