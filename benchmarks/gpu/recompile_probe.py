@@ -85,6 +85,19 @@ def install() -> None:
     FileCacheManager.put_group = put_group
     triton.compile = compile
 
+    # Where each template selection sends its precompiles: threads here, or the compile workers.
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+    original_make = AlgorithmSelectorCache.make_precompile_fn
+
+    def make_precompile_fn(self, choices, name, inputs_key, *args, **kwargs):
+        print(f"precompile: {name}, {len(choices)} choices, thread {threading.current_thread().name}, "
+              f"compile workers in use: {AsyncCompile.use_process_pool()}", flush=True)
+        return original_make(self, choices, name, inputs_key, *args, **kwargs)
+
+    AlgorithmSelectorCache.make_precompile_fn = make_precompile_fn
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
