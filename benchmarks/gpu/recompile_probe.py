@@ -166,6 +166,12 @@ def compiled_elsewhere(here: set[str], benchmarked: set[str]) -> dict:
     import hashlib
     from pathlib import Path
 
+    from triton.runtime import cache
+
+    # Triton names a cache entry's folder by its hash in base32 (3.x), or by the hash itself.
+    folder = getattr(cache, "_base32", lambda key: key)
+    here = {folder(h) for h in here if h}
+    benchmarked = {folder(h) for h in benchmarked if h}
     entries = {}
     for group in Path(os.environ["TRITON_CACHE_DIR"]).iterdir():
         meta = [m for m in group.glob("*.json") if not m.name.startswith("__grp__")]
@@ -189,7 +195,8 @@ def compiled_elsewhere(here: set[str], benchmarked: set[str]) -> dict:
           f"benchmark-time compiles whose TTIR a worker had compiled: {matched} of {len(benchmarked)}")
     for d in diffs:
         print("metadata differs (worker, benchmark):", json.dumps(d)[:2000])
-    return {"entries": len(entries), "workers": len(workers), "matched": matched, "diffs": diffs}
+    return {"entries": len(entries), "workers": len(workers), "matched": matched, "diffs": diffs,
+            "metadata": {h: {"mine": h in here, **e} for h, e in entries.items()}}
 
 
 if __name__ == "__main__":
