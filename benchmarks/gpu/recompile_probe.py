@@ -1,14 +1,17 @@
 """Does Inductor's max-autotune compile each GEMM template choice twice?
 
 The profiles of a max-autotune rank on torch 2.11 (RESULTS.md, eleventh and twelfth sessions)
-show each template choice compiled by Triton in Inductor's precompile threads and then again,
-one at a time, when ``benchmark_choice`` first runs it: about three quarters of step 1. This
-script compiles one fp32 GEMM (forward and backward) in ``max-autotune-no-cudagraphs`` with
-empty Inductor and Triton cache dirs, records every ``triton.compile`` call (where it came
-from, its thread, the kernel, the cache key's hash, whether Triton compiled or found it in its
-cache, the time), and prints, for the kernels compiled in both places, whether the second
-compile had the same cache key (then why did Triton's cache miss?) or another (then what in
-the key differs). One GPU, about a minute:
+show Triton compiling template choices one at a time when ``benchmark_choice`` first runs them,
+about three quarters of step 1, although Inductor precompiles every choice in parallel first
+(in threads of the process, or in its compile workers once they are up). This script compiles
+one fp32 GEMM (forward and backward) in ``max-autotune-no-cudagraphs`` with empty Inductor and
+Triton cache dirs. It records every ``triton.compile`` call in the process (where it came from,
+its thread, the kernel, the cache key's hash, whether Triton compiled or found it in its cache,
+the time) and where each template selection sends its precompiles. Then it matches the
+benchmark-time compiles to the kernels compiled earlier, in this process's threads and, through
+Triton's cache dir, in the compile workers, and prints whether the keys were the same and how
+the entries differ. Found on 2.11: the backward's choices go to the compile workers, and the
+rank compiles each again under another key. One GPU, about a minute:
 
     python benchmarks/gpu/recompile_probe.py --out $OUT/recompile-probe.json
 """

@@ -21,7 +21,7 @@
 #                                            # heartbeat, 457 MB in its store) compile Triton kernels slower? (states
 #                                            # in a balanced order)
 #   bash benchmarks/gpu/session.sh recompile-probe  # one GPU, about a minute: does max-autotune compile each GEMM
-#                                            # template choice twice (precompile threads, then benchmark)? and why
+#                                            # template choice twice (precompile, then benchmark)? under which keys
 #   bash benchmarks/gpu/session.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
 #                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>;
 #                                            # JOB_LOGS as for n8; PROFILE_RANKS=1: each rank samples its own
