@@ -10,29 +10,26 @@ its thread, the kernel, the cache key's hash, whether Triton compiled or found i
 the time) and where each template selection sends its precompiles. Then it matches the
 benchmark-time compiles to the kernels compiled earlier, in this process's threads and, through
 Triton's cache dir, in the compile workers, and prints whether the keys were the same and how
-the entries differ. Found on 2.11: the backward's choices go to the compile workers, and the
-rank compiles each again under another key. One GPU, about a minute:
+the entries differ, and whether the workers' kernels have the same configs (warps, stages,
+shared memory) as the ones compiled again. Found on 2.11: the backward's choices go to the
+compile workers, and the rank compiles each again under another key. One GPU, about a minute;
+``--summarize`` prints the summary again from a saved JSON, with no GPU:
 
     python benchmarks/gpu/recompile_probe.py --out $OUT/recompile-probe.json
+    python benchmarks/gpu/recompile_probe.py --summarize benchmarks/gpu/logs-2026-11-23-c/recompile-probe-3.json
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import json
 import os
-import tempfile
 import threading
 import time
 import traceback
-
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-"))
-os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton-"))
-
-import torch
-import triton
-from triton.runtime.cache import FileCacheManager
+from pathlib import Path
 
 records: list[dict] = []
 _local = threading.local()
@@ -55,6 +52,9 @@ def _describe(value) -> str:
 
 
 def install() -> None:
+    import triton
+    from triton.runtime.cache import FileCacheManager
+
     original_compile = triton.compile
     original_put_group = FileCacheManager.put_group
 
@@ -102,13 +102,15 @@ def install() -> None:
     AlgorithmSelectorCache.make_precompile_fn = make_precompile_fn
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--m", type=int, default=2048)
-    p.add_argument("--k", type=int, default=512)
-    p.add_argument("--n", type=int, default=2048)
-    p.add_argument("--out", default="recompile-probe.json")
-    args = p.parse_args()
+def run(args: argparse.Namespace) -> dict:
+    """Compile the GEMM with empty caches; return the records and Triton's cache entries."""
+    import tempfile
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-"))
+    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton-"))
+    import torch
+    import triton
+
     install()
     a = torch.randn(args.m, args.k, device="cuda", requires_grad=True)
     b = torch.randn(args.k, args.n, device="cuda", requires_grad=True)
@@ -117,89 +119,93 @@ def main() -> None:
     fn(a, b).sum().backward()
     torch.cuda.synchronize()
     wall = time.perf_counter() - started
+    print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}: "
+          f"forward+backward in {wall:.1f} s")
+    return {"torch": torch.__version__, "triton": triton.__version__, "wall_s": wall, "records": records,
+            "cache_entries": cache_entries(Path(os.environ["TRITON_CACHE_DIR"]))}
 
+
+def cache_entries(cache_dir: Path) -> dict[str, dict]:
+    """Triton's cache entries by folder name: each one's metadata and its TTIR's hash."""
+    entries = {}
+    for group in cache_dir.iterdir():
+        meta = [m for m in group.glob("*.json") if not m.name.startswith("__grp__")]
+        ttir = list(group.glob("*.ttir"))
+        if meta and ttir:
+            entries[group.name] = {"meta": json.loads(meta[0].read_text()),
+                                   "ttir": hashlib.sha256(ttir[0].read_bytes()).hexdigest()}
+    return entries
+
+
+def folder_name(kernel_hash: str) -> str:
+    """The cache folder Triton 3.x names after a kernel's hash (its hex digest in base32)."""
+    import base64
+
+    return base64.b32encode(bytes.fromhex(kernel_hash)).decode().rstrip("=")
+
+
+def summarize(records: list[dict], entries: dict[str, dict]) -> dict:
+    """Print and return what the run found: compiles by where they came from; the
+    benchmark-time compiles of kernels this process's precompile threads had compiled (same
+    cache key or another); and the cache entries the compile workers made, matched to the
+    benchmark-time compiles by TTIR and compared by config (warps, stages, shared memory)."""
     by_where = collections.defaultdict(lambda: [0, 0, 0.0])  # calls, real compiles, seconds
     for r in records:
         entry = by_where[r["where"]]
         entry[0] += 1
         entry[1] += r["compiled"]
         entry[2] += r["seconds"]
-    print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}: "
-          f"forward+backward in {wall:.1f} s")
     print("| where | triton.compile calls | compiled (cache misses) | seconds |\n|---|---|---|---|")
     for where, (calls, compiled, seconds) in sorted(by_where.items()):
         print(f"| {where} | {calls} | {compiled} | {seconds:.1f} |")
 
     # Kernels (by source file and name) compiled both in a precompile thread and at benchmark time.
-    pre = collections.defaultdict(list)
+    threads = collections.defaultdict(set)
     for r in records:
         if r["where"] == "precompile thread":
-            pre[(r["file"], r["kernel"])].append(r)
-    same_key = other_key = 0
-    examples = []
-    for r in records:
-        if r["where"] != "benchmark" or not r["compiled"]:
-            continue
-        earlier = pre.get((r["file"], r["kernel"]))
-        if not earlier:
-            continue
-        if any(e["hash"] == r["hash"] for e in earlier):
-            same_key += 1
-        else:
-            other_key += 1
-            if len(examples) < 3:
-                e = earlier[0]
-                examples.append({field: (e[field], r[field]) for field in ("hash", "src_hash", "target", "options",
-                                                                           "triton_cache_dir", "file")
-                                 if e[field] != r[field]})
+            threads[r["file"], r["kernel"]].add(r["hash"])
+    benchmarked = [r for r in records if r["where"] == "benchmark" and r["compiled"]]
+    again = [r for r in benchmarked if (r["file"], r["kernel"]) in threads]
+    same_key = sum(r["hash"] in threads[r["file"], r["kernel"]] for r in again)
     print(f"benchmark-time compiles of a kernel the precompile threads compiled: {same_key} with the same "
-          f"cache key, {other_key} with another")
-    for example in examples:
-        print("differs (precompile, benchmark):", json.dumps(example, indent=1)[:3000])
-    elsewhere = compiled_elsewhere({r["hash"] for r in records}, {r["hash"] for r in records if r["where"] == "benchmark"})
-    with open(args.out, "w") as f:
-        json.dump({"torch": torch.__version__, "triton": triton.__version__, "wall_s": wall, "records": records,
-                   "compiled_elsewhere": elsewhere}, f)
+          f"cache key, {len(again) - same_key} with another")
 
-
-def compiled_elsewhere(here: set[str], benchmarked: set[str]) -> dict:
-    """Triton's cache entries that this process did not compile (Inductor's compile workers
-    did), matched by their TTIR to the kernels compiled again at benchmark time; prints how
-    the two entries' metadata differ."""
-    import hashlib
-    from pathlib import Path
-
-    from triton.runtime import cache
-
-    # Triton names a cache entry's folder by its hash in base32 (3.x), or by the hash itself.
-    folder = getattr(cache, "_base32", lambda key: key)
-    here = {folder(h) for h in here if h}
-    benchmarked = {folder(h) for h in benchmarked if h}
-    entries = {}
-    for group in Path(os.environ["TRITON_CACHE_DIR"]).iterdir():
-        meta = [m for m in group.glob("*.json") if not m.name.startswith("__grp__")]
-        ttir = list(group.glob("*.ttir"))
-        if meta and ttir:
-            entries[group.name] = {"meta": json.loads(meta[0].read_text()),
-                                   "ttir": hashlib.sha256(ttir[0].read_bytes()).hexdigest()}
+    here = {folder_name(r["hash"]) for r in records if r["hash"]}
     workers = {h: e for h, e in entries.items() if h not in here}
-    by_ttir = {e["ttir"]: h for h, e in workers.items()}
-    matched, diffs = 0, []
-    for h in benchmarked:
-        mine = entries.get(h)
-        theirs = by_ttir.get(mine["ttir"]) if mine else None
-        if theirs is None:
-            continue
-        matched += 1
-        if len(diffs) < 3:
-            a, b = workers[theirs]["meta"], mine["meta"]
-            diffs.append({k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)})
-    print(f"Triton cache entries: {len(entries)}; compiled by other processes (compile workers): {len(workers)}; "
-          f"benchmark-time compiles whose TTIR a worker had compiled: {matched} of {len(benchmarked)}")
-    for d in diffs:
-        print("metadata differs (worker, benchmark):", json.dumps(d)[:2000])
-    return {"entries": len(entries), "workers": len(workers), "matched": matched, "diffs": diffs,
-            "metadata": {h: {"mine": h in here, **e} for h, e in entries.items()}}
+    mine = [entries[h] for h in {folder_name(r["hash"]) for r in benchmarked} if h in entries]
+    worker_ttirs = {e["ttir"] for e in workers.values()}
+    same_ttir = sum(e["ttir"] in worker_ttirs for e in mine)
+
+    def configs(found) -> collections.Counter:
+        return collections.Counter((e["meta"]["name"], e["meta"]["num_warps"], e["meta"]["num_stages"],
+                                    e["meta"]["shared"]) for e in found)
+
+    worker_configs = configs(workers.values())
+    same_configs = configs(mine) <= worker_configs
+    print(f"Triton cache entries: {len(entries)}; made by the compile workers: {len(workers)} "
+          f"({', '.join(f'{n} {name}' for name, n in collections.Counter(e['meta']['name'] for e in workers.values()).items())}); "
+          f"benchmark-time compiles: {len(mine)}, of which {same_ttir} have the TTIR of a worker's entry; "
+          f"every one's config (kernel, warps, stages, shared memory) among the workers': {same_configs}")
+    return {"by_where": by_where, "same_key": same_key, "other_key": len(again) - same_key,
+            "workers": len(workers), "benchmarked": len(mine), "same_ttir": same_ttir, "same_configs": same_configs}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--m", type=int, default=2048)
+    p.add_argument("--k", type=int, default=512)
+    p.add_argument("--n", type=int, default=2048)
+    p.add_argument("--out", default="recompile-probe.json")
+    p.add_argument("--summarize", metavar="JSON", help="print the summary of a saved run (no GPU)")
+    args = p.parse_args()
+    if args.summarize:
+        saved = json.loads(Path(args.summarize).read_text())
+    else:
+        saved = run(args)
+        Path(args.out).write_text(json.dumps(saved))
+    # Runs saved before cache_entries: the entries sit in compiled_elsewhere's metadata.
+    entries = saved.get("cache_entries") or saved["compiled_elsewhere"]["metadata"]
+    summarize(saved["records"], entries)
 
 
 if __name__ == "__main__":
