@@ -28,6 +28,7 @@ from typing import Any
 from coordinator.config import Config
 from coordinator.errors import CoordinatorError
 from coordinator.inductor import route_caches
+from coordinator.logs import parse_level, show_coordinator_logs
 from coordinator.session import Session
 
 log = logging.getLogger(__name__)
@@ -106,11 +107,22 @@ def stats() -> dict:
 def enable_from_env() -> bool:
     """Enter ``compile_once`` for the rest of the process if ``COORDINATOR_ENABLE`` is set.
 
+    The switch is taken out of the environment, so that the processes this one starts
+    (Inductor's compile workers and CPU-feature probes, data-loader workers) do not
+    enter ``compile_once`` too: they share no graphs, and importing the coordinator
+    would add seconds to each one's start. The ``coordinator`` logger's lines are shown
+    at ``COORDINATOR_LOG_LEVEL`` (default ``INFO``; see ``coordinator.logs``).
+
     Returns:
         True if it was switched on.
+
+    Raises:
+        ConfigError: a ``COORDINATOR_*`` setting is invalid.
     """
     if os.environ.get("COORDINATOR_ENABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
         return False
+    del os.environ["COORDINATOR_ENABLE"]
+    show_coordinator_logs(parse_level(os.environ.get("COORDINATOR_LOG_LEVEL")))
     context = compile_once()
     context.__enter__()
     atexit.register(context.__exit__, None, None, None)

@@ -3,6 +3,7 @@
     coordinator-run [--coordinator-store URL] [--coordinator-restore URL]
                     [--coordinator-save-bundle URL] [--coordinator-bundle-name NAME]
                     [--coordinator-secret S] [--coordinator-namespace NS]
+                    [--coordinator-log-level DEBUG|INFO|WARNING|ERROR]
                     <every torchrun flag> script.py [args]
 
 Its own options all start with ``--coordinator-`` (or come from the ``COORDINATOR_*``
@@ -19,6 +20,10 @@ codes and signal handling are torchrun's own. Before the workers start it:
 * with ``--coordinator-restore URL``, installs the persisted bundle once for the node
   (a store it cannot reach is logged, never fatal);
 * with ``--coordinator-save-bundle URL``, has rank 0 save the job's bundle at exit.
+
+Each worker shows the ``coordinator`` logger's lines (its summary at exit, who it waits
+for) at ``--coordinator-log-level`` (default ``INFO``), whether or not the training
+script configures logging; see ``coordinator.logs``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import os
 import sys
 
 from coordinator import _compat
+from coordinator.errors import ConfigError
+from coordinator.logs import parse_level, show_coordinator_logs
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +50,7 @@ OPTIONS = {
     "--coordinator-save-bundle": "COORDINATOR_SAVE_BUNDLE",
     "--coordinator-bundle-name": "COORDINATOR_BUNDLE_NAME",
     "--coordinator-namespace": "COORDINATOR_NAMESPACE",
+    "--coordinator-log-level": "COORDINATOR_LOG_LEVEL",
 }
 
 
@@ -125,8 +133,12 @@ def restore(url: str, name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     settings, torchrun_args = split_args(sys.argv[1:] if argv is None else argv)
+    try:
+        parse_level(settings.get("COORDINATOR_LOG_LEVEL", os.environ.get("COORDINATOR_LOG_LEVEL")))
+    except ConfigError as exc:
+        raise SystemExit(f"coordinator-run: {exc}") from None
+    show_coordinator_logs(logging.WARNING, prefix="")
     os.environ.update(worker_environment(settings, dict(os.environ)))
     if os.environ.get("COORDINATOR_RESTORE_BUNDLE"):
         restore(os.environ["COORDINATOR_RESTORE_BUNDLE"], os.environ.get("COORDINATOR_BUNDLE_NAME", "default"))

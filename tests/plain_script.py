@@ -3,11 +3,13 @@
     plain_script.py OUT_DIR [--fail N]
 
 Compiles a tiny MLP (forward + backward) and writes ``OUT_DIR/rank<R>.json`` with
-Inductor's FX cache counters and the backend Inductor's FX remote cache was given.
+Inductor's FX cache counters, the backend Inductor's FX remote cache was given, and
+what a Python process this worker starts finds at its start (``child``).
 """
 
 import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -26,11 +28,18 @@ def main() -> None:
     from torch._inductor.remote_cache import RemoteFxGraphCache
 
     backend = RemoteFxGraphCache.backend_override_cls
+    child = subprocess.run(
+        [sys.executable, "-c", "import json, os, sys; print(json.dumps({'modules': sorted(m for m in sys.modules "
+         "if m.split('.')[0] in ('coordinator', 'torch')), 'enable': os.environ.get('COORDINATOR_ENABLE'), "
+         "'pythonpath': os.environ.get('PYTHONPATH', '')}))"],
+        capture_output=True, text=True, check=True,
+    )
     report = {
         "inductor": dict(counters["inductor"]),
         "backend": backend.__name__ if backend else None,
         "imported_by_script": False,
         "local_rank": os.environ.get("LOCAL_RANK"),
+        "child": json.loads(child.stdout),
     }
     with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(report, f)

@@ -88,6 +88,34 @@ def test_script_without_coordinator_compiles_each_graph_once(tmp_path):
     assert all(r["local_rank"] == "0" for r in reports)  # virtual local rank
     misses = sum(r["inductor"].get("fxgraph_cache_miss", 0) for r in reports)
     assert misses == 2, [r["inductor"] for r in reports]
+    # The script configures no logging: each worker still shows its summary line.
+    for rank in range(3):
+        assert f"[rank{rank}] coordinator.api: compile_once rank {rank}: " in result.stderr, result.stderr[-3000:]
+
+
+def test_processes_a_worker_starts_do_not_enter_compile_once(tmp_path):
+    """Inductor starts Python processes (compile workers, a CPU-feature probe each): they
+    must not import torch and the coordinator at their start, as the worker itself does."""
+    out = tmp_path / "reports"
+    out.mkdir()
+    result = run(["coordinator.launcher"], ["--coordinator-log-level", "WARNING", "--standalone",
+                                            "--nproc-per-node", "1", PLAIN, str(out)], tmp_path,
+                 env={"PYTHONPATH": "/users/own/path"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "rank0.json").read_text())
+    assert report["backend"] == "CoordinatorFxGraphBackend"  # the worker itself runs under compile_once
+    assert report["child"] == {"modules": [], "enable": None, "pythonpath": "/users/own/path"}
+    assert "compile_once rank 0" not in result.stderr  # --coordinator-log-level WARNING hides the INFO summary
+
+
+def test_bad_log_level_fails_before_any_worker_starts(tmp_path):
+    out = tmp_path / "reports"
+    out.mkdir()
+    result = run(["coordinator.launcher"], ["--coordinator-log-level", "LOUD", "--standalone", "--nproc-per-node",
+                                            "1", PLAIN, str(out)], tmp_path)
+    assert result.returncode != 0
+    assert "COORDINATOR_LOG_LEVEL='LOUD': expected one of DEBUG, INFO, WARNING, ERROR" in result.stderr
+    assert not list(out.iterdir())
 
 
 def test_save_bundle_at_exit_then_restore_once_per_node(tmp_path):

@@ -6,15 +6,32 @@ runs under ``coordinator.compile_once()`` for its whole life, with no change to 
 training script. The store is opened at the first compile, after the script has
 called ``init_process_group``. A site's own ``sitecustomize`` further down the path
 still runs.
+
+Only the worker itself enters ``compile_once``: this directory leaves ``PYTHONPATH`` and
+the switch leaves the environment before the worker starts any process of its own.
+Inductor starts many (compile workers, and a Python process per CPU-feature probe):
+each would otherwise import torch and Inductor at its start, seconds apiece, on the
+compiling rank's critical path.
 """
 
 import os
 import sys
 
 
+def _leave_pythonpath() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    kept = [entry for entry in entries if entry and os.path.abspath(entry) != here]
+    if kept:
+        os.environ["PYTHONPATH"] = os.pathsep.join(kept)
+    else:
+        os.environ.pop("PYTHONPATH", None)
+
+
 def _enable() -> None:
     if os.environ.get("COORDINATOR_ENABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
         return
+    _leave_pythonpath()
     try:
         import coordinator
 
