@@ -389,6 +389,9 @@ def _torch_before(major: int, minor: int) -> bool:
     return version < (major, minor)
 
 
+#: The tuning step open on this thread: the kernel (``kernel``), the session's step
+#: context (``exit``), the stage (``stage``: "search" while a save must wait for the
+#: descent, "descent") and a held save (``pending``).
 _tuning = threading.local()
 
 
@@ -427,20 +430,96 @@ def triton_cache_dir(device: int | None = None) -> str:
     return inductor_triton_cache_dir(device)
 
 
-@contextlib.contextmanager
-def triton_tuning_hooks(tuning: Callable[[], contextlib.AbstractContextManager[None]],
-                        compiling: Callable[[], bool] = lambda: False) -> Iterator[None]:
-    """Watch Triton kernels tune at their first launch, for the duration.
+def _open_step(kernel: Any, step: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
+    exit_stack = contextlib.ExitStack()
+    exit_stack.enter_context(step())
+    _tuning.kernel, _tuning.exit, _tuning.stage, _tuning.pending = kernel, exit_stack, None, None
 
-    Wraps ``CachingAutotuner.precompile`` (at the first launch, it compiles every config),
-    ``autotune_to_one_config`` (the config search) and ``coordinate_descent_tuning``: each
-    runs inside ``tuning()`` (the session keeps its autotune claims alive while this rank
-    tunes), and the last two run the :func:`defer_autotune_save` protocol. Wraps ``restore_after_unpickle`` to route the
-    autotune cache of kernels compiled in compile workers, and of static autotuners from FX
-    entries as they are rechecked (:func:`route_autotune_cache`; it claims the keys of the
-    first while ``compiling()``), and shares the config of a worker kernel that found it in
-    this rank's own cache under the key its loaders look up (:func:`share_config_kept_from_cache`). On
-    torch < 2.12 also fixes how Inductor restores a config that coordinate descent chose
+
+def _close_step() -> None:
+    exit_stack = getattr(_tuning, "exit", None)
+    _tuning.kernel = _tuning.exit = _tuning.stage = _tuning.pending = None
+    if exit_stack is not None:
+        exit_stack.close()
+
+
+def _published_config(kernel: Any) -> Any:
+    """The config another rank tuned for ``kernel``, looked up inside its tuning step:
+    a miss claims the key, and while another rank tunes the kernel this waits for it."""
+    cache = kernel_autotune_cache(kernel)
+    if cache is None or cache.remote_cache is None or not getattr(kernel, "launchers", None):
+        return None
+    remote, key = cache.remote_cache
+    best = remote.get(key)
+    if not isinstance(best, dict):
+        return None
+    from torch._inductor.runtime.autotune_cache import _load_cached_autotuning
+
+    return _load_cached_autotuning(dict(best), cache.configs_hash, [launcher.config for launcher in kernel.launchers],
+                                   kernel.inductor_meta)
+
+
+def adopt_config(kernel: Any, config: Any) -> Any:
+    """Make ``kernel`` launch with ``config`` (tuned by another rank) without tuning.
+
+    Picks the launcher compiled for ``config`` or, for a config coordinate descent found
+    (not among the kernel's own), compiles it as the descent does; Triton finds its
+    binary in its cache, where the autotune entry brought it. Keeps the pick in this
+    rank's local autotune cache. Returns the launcher, or ``None`` if it cannot (the
+    kernel then tunes as it would have).
+    """
+    from torch._inductor.runtime.triton_heuristics import triton_config_to_hashable
+
+    try:
+        wanted = triton_config_to_hashable(config)
+        chosen = next((launcher for launcher in kernel.launchers
+                       if triton_config_to_hashable(launcher.config) == wanted), None)
+        if chosen is None:
+            if getattr(kernel.fn, "fn", None) is None:  # compiled in a worker: reload the source
+                kernel.fn = kernel._reload_kernel().fn
+            with kernel.lock:
+                chosen = kernel._precompile_config(config).make_launcher()
+        if getattr(config, "found_by_coordesc", False):
+            chosen.config.found_by_coordesc = True
+        if hasattr(kernel, "_release_static_launchers_except"):  # 2.13: closes the launchers it drops
+            kernel._release_static_launchers_except(chosen)
+        kernel.launchers = [chosen]
+        if hasattr(kernel, "_prune_compile_results_to_launcher") and chosen.config in [
+                result.config for result in kernel.compile_results or []]:
+            kernel._prune_compile_results_to_launcher(chosen)
+        cache = kernel_autotune_cache(kernel)
+        if cache is not None and cache.local_cache is not None:
+            local, key = cache.local_cache
+            local.put(key, {**chosen.config.kwargs, "num_warps": chosen.config.num_warps,
+                            "num_stages": chosen.config.num_stages, "configs_hash": cache.configs_hash,
+                            "found_by_coordesc": bool(getattr(chosen.config, "found_by_coordesc", False))})
+        return chosen
+    except Exception:  # the coordinator never fails a kernel launch: tune instead
+        log.warning("compile_once: could not use the config another rank tuned for %s; tuning it here",
+                    kernel.inductor_meta.get("kernel_name"), exc_info=True)
+        return None
+
+
+@contextlib.contextmanager
+def triton_tuning_hooks(step: Callable[[], contextlib.AbstractContextManager[None]]) -> Iterator[None]:
+    """Run each Triton kernel's first-launch tuning as a tuning step of the session, for the duration.
+
+    A kernel with several configs searches them (``CachingAutotuner.autotune_to_one_config``)
+    and, where coordinate descent is on, then descends from the winner
+    (``coordinate_descent_tuning``); both run in ``CachingAutotuner.run`` at the first
+    launch. The step (``step()``, :meth:`Session.tuning_step`) opens before the search (or
+    before the descent, for a kernel with one config) and closes after the last of them.
+    At its start the kernel's autotune key is looked up: a config another rank published
+    is adopted (:func:`adopt_config`) instead of tuning; while another rank tunes the
+    kernel, this rank waits for it; otherwise it claims the key, tunes, and its save
+    publishes (held until the descent ends: :func:`defer_autotune_save`). Every rank that
+    runs the kernel thus runs the same config, tuned once.
+
+    Also wraps ``restore_after_unpickle`` to route the autotune cache of kernels compiled in
+    compile workers, and of static autotuners from FX entries as they are rechecked
+    (:func:`route_autotune_cache`), and shares the config of a worker kernel that found it in
+    this rank's own cache under the key its loaders look up (:func:`share_config_kept_from_cache`).
+    On torch < 2.12 also fixes how Inductor restores a config that coordinate descent chose
     (pytorch/pytorch#172819): :func:`_read_best_fixed` and :func:`_recheck_autotune_cache_fixed`.
     """
     from torch._inductor.runtime import triton_heuristics as th
@@ -448,9 +527,6 @@ def triton_tuning_hooks(tuning: Callable[[], contextlib.AbstractContextManager[N
     autotuner = th.CachingAutotuner
     originals = {name: autotuner.__dict__[name] for name in
                  ("autotune_to_one_config", "coordinate_descent_tuning", "recheck_autotune_cache")}
-    has_precompile = "precompile" in autotuner.__dict__
-    if has_precompile:
-        originals["precompile"] = autotuner.__dict__["precompile"]
     has_restore = "restore_after_unpickle" in autotuner.__dict__
     if has_restore:
         originals["restore_after_unpickle"] = autotuner.__dict__["restore_after_unpickle"]
@@ -458,56 +534,78 @@ def triton_tuning_hooks(tuning: Callable[[], contextlib.AbstractContextManager[N
     def restore_after_unpickle(self: Any, old_values: Any) -> None:
         originals["restore_after_unpickle"](self, old_values)
         if old_values is None:  # a kernel compiled in a compile worker, arriving in this process
-            route_autotune_cache(self, claim=compiling())
+            route_autotune_cache(self)
             share_config_kept_from_cache(self)
 
-    def precompile(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with tuning():
-            return originals["precompile"](self, *args, **kwargs)
+    def descends(self: Any) -> bool:  # run() calls coordinate_descent_tuning next
+        launchers = getattr(self, "launchers", None) or [None]
+        return bool(self.inductor_meta.get("coordinate_descent_tuning")) and not getattr(
+            getattr(launchers[0], "config", None), "found_by_coordesc", False)
 
     def autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        log.debug("config search for %s (coordinate descent %s)", self.inductor_meta.get("kernel_name"),
-                  self.inductor_meta.get("coordinate_descent_tuning"))
-        if not self.inductor_meta.get("coordinate_descent_tuning"):
-            with tuning():
-                return originals["autotune_to_one_config"](self, *args, **kwargs)
-        # run() descends next; the descent's wrapper publishes what is held.
-        _tuning.stage, _tuning.pending = "search", None
+        _open_step(self, step)
         try:
-            with tuning():
-                return originals["autotune_to_one_config"](self, *args, **kwargs)
-        finally:
+            config = _published_config(self)
+            if config is not None and adopt_config(self, config) is not None:
+                log.debug("adopted the published config of %s: %s", self.inductor_meta.get("kernel_name"), config)
+                result = None
+            else:
+                if self.inductor_meta.get("coordinate_descent_tuning"):
+                    _tuning.stage = "search"  # the descent refines it next: hold the save
+                result = originals["autotune_to_one_config"](self, *args, **kwargs)
+        except BaseException:
+            _close_step()
+            raise
+        if descends(self):  # the step goes on into the descent, which publishes
             _tuning.stage = None
+        else:
+            held, _tuning.stage = _tuning.pending, None
+            try:
+                if held is not None:  # published before the step releases its claim
+                    held({})
+            finally:
+                _close_step()
+        return result
 
     def coordinate_descent_tuning(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
-        held_from_search = getattr(_tuning, "pending", None)
-        _tuning.stage, _tuning.pending = "descent", None
+        if getattr(self, "_coordinator_descended", False):  # declined before: run() asks at every launch
+            return originals["coordinate_descent_tuning"](self, launcher, *args, **kwargs)
+        if getattr(_tuning, "kernel", None) is not self:  # one config: no search opened the step
+            _open_step(self, step)
+            config = _published_config(self)
+            if config is not None and getattr(config, "found_by_coordesc", False):
+                adopted = adopt_config(self, config)
+                if adopted is not None:
+                    self._coordinator_descended = True
+                    _close_step()
+                    return adopted
+        held_from_search, _tuning.stage, _tuning.pending = getattr(_tuning, "pending", None), "descent", None
         try:
-            with tuning():
-                winner = originals["coordinate_descent_tuning"](self, launcher, *args, **kwargs)
-        except BaseException:
+            winner = originals["coordinate_descent_tuning"](self, launcher, *args, **kwargs)
+            descended = _tuning.pending
             _tuning.stage = _tuning.pending = None
-            raise
-        descended, _tuning.stage, _tuning.pending = _tuning.pending, None, None
-        log.debug("coordinate descent for %s: %s -> %s; saved %s, held from the search %s",
-                  self.inductor_meta.get("kernel_name"), getattr(launcher, "config", None),
-                  getattr(winner, "config", None), descended is not None, held_from_search is not None)
-        try:  # the coordinator never fails a kernel launch
-            if descended is not None:
-                files: dict[str, bytes] = {}
-                kernel_hash = getattr(winner, "cache_hash", None)
-                if kernel_hash:
-                    from coordinator.artifacts import read_triton_kernel
+            log.debug("coordinate descent for %s: %s -> %s; saved %s, held from the search %s",
+                      self.inductor_meta.get("kernel_name"), getattr(launcher, "config", None),
+                      getattr(winner, "config", None), descended is not None, held_from_search is not None)
+            self._coordinator_descended = True
+            try:  # the coordinator never fails a kernel launch
+                if descended is not None:
+                    files: dict[str, bytes] = {}
+                    kernel_hash = getattr(winner, "cache_hash", None)
+                    if kernel_hash:
+                        from coordinator.artifacts import read_triton_kernel
 
-                    device = self.triton_meta.get("device", 0)
-                    files = read_triton_kernel(os.path.join(triton_cache_dir(device), kernel_hash))
-                descended(files)
-            elif held_from_search is not None:  # this kernel does not descend: the search's result stands
-                held_from_search({})
-        except Exception:
-            log.warning("compile_once: publishing the tuned config of %s failed", self.inductor_meta.get("kernel_name"),
-                        exc_info=True)
-        return winner
+                        device = self.triton_meta.get("device", 0)
+                        files = read_triton_kernel(os.path.join(triton_cache_dir(device), kernel_hash))
+                    descended(files)
+                elif held_from_search is not None:  # this kernel does not descend: the search's result stands
+                    held_from_search({})
+            except Exception:
+                log.warning("compile_once: publishing the tuned config of %s failed",
+                            self.inductor_meta.get("kernel_name"), exc_info=True)
+            return winner
+        finally:
+            _close_step()
 
     backport = _torch_before(2, 12)  # pytorch#172819 is fixed from 2.12
     recheck = _recheck_autotune_cache_fixed if backport else originals["recheck_autotune_cache"]
@@ -520,16 +618,14 @@ def triton_tuning_hooks(tuning: Callable[[], contextlib.AbstractContextManager[N
         if getattr(self, "filename", None):
             self.filename = os.path.join(inductor_cache_dir(), *os.path.normpath(self.filename).split(os.sep)[-2:])
         # The recheck looks the config up through a cache of its own, but the kernel saves
-        # through the one pickled into the FX entry: without a remote, this rank would claim
-        # the key here and never publish it (others then wait until it gives up).
-        route_autotune_cache(self, claim=False)
+        # through the one pickled into the FX entry: route that one too, or this rank's
+        # tuned config would never reach the store.
+        route_autotune_cache(self)
         return recheck(self, *args, **kwargs)
 
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
     original_read_best = AutotuneCache.__dict__["read_best"]
-    if has_precompile:
-        autotuner.precompile = precompile
     autotuner.autotune_to_one_config = autotune_to_one_config
     autotuner.coordinate_descent_tuning = coordinate_descent_tuning
     autotuner.recheck_autotune_cache = recheck_autotune_cache
@@ -543,7 +639,7 @@ def triton_tuning_hooks(tuning: Callable[[], contextlib.AbstractContextManager[N
         for name, original in originals.items():
             setattr(autotuner, name, original)
         AutotuneCache.read_best = original_read_best
-        _tuning.stage = _tuning.pending = None
+        _close_step()
 
 
 def kernel_autotune_cache(autotuner: Any) -> Any:
@@ -558,22 +654,18 @@ def kernel_autotune_cache(autotuner: Any) -> Any:
     return cache if isinstance(cache, AutotuneCache) else None
 
 
-def route_autotune_cache(autotuner: Any, claim: bool) -> None:
+def route_autotune_cache(autotuner: Any) -> None:
     """Send the tuned config of a kernel built outside this process through the coordinator.
 
     Inductor compiles most Triton kernels in its compile workers, which build the kernel's
     ``AutotuneCache`` there: with no coordinator backend installed (and Redis kept out),
     its remote cache is ``None``. Back in this process the kernel tunes at its first
-    launch and saves its best config to this rank's local cache only, so other ranks
-    loading the kernel from the FX entry missed it and tuned it themselves (7 kernels per
-    follower at N=8 on the GPU host). The same holds for a static autotuner unpickled
-    from an FX entry that such a kernel went into. Here the cache gets the coordinator's
-    remote cache, as ``AutotuneCache.create`` would have built it in this process. With
-    ``claim`` (this rank is compiling graphs it claimed), its key is also looked up at
-    once: on a miss that claims it, before the FX entry carrying the kernel is published,
-    so other ranks wait for this rank's result. A rank loading graphs does not claim: a
-    claim would stop it waiting on the next key. A hit is left unused (the kernel tunes as
-    it would have); nothing here fails a compile.
+    launch and would save its best config to this rank's local cache only, and other ranks
+    loading the kernel from the FX entry would tune it again. The same holds for a static
+    autotuner unpickled from an FX entry that such a kernel went into. Here the cache gets
+    the coordinator's remote cache, as ``AutotuneCache.create`` would have built it in this
+    process; the kernel's tuning step (:func:`triton_tuning_hooks`) looks its key up
+    through it. Nothing here fails a compile.
     """
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
@@ -585,14 +677,7 @@ def route_autotune_cache(autotuner: Any, claim: bool) -> None:
         return
     try:
         cache._setup_remote_autotune_cache(autotuner.inductor_meta, prepare_key(filename))
-        if cache.remote_cache is None:
-            return
-        found = None
-        if claim:
-            remote, key = cache.remote_cache
-            found = remote.get(key)
-        log.debug("routed the autotune cache of %s%s", autotuner.inductor_meta.get("kernel_name"),
-                  "" if not claim else ": hit (unused)" if found else ": claimed or missed")
+        log.debug("routed the autotune cache of %s", autotuner.inductor_meta.get("kernel_name"))
     except Exception:
         log.warning("compile_once: could not route the autotune cache of %s",
                     getattr(autotuner, "inductor_meta", {}).get("kernel_name"), exc_info=True)

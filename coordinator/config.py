@@ -13,7 +13,6 @@ secret                       COORDINATOR_SECRET              none (checksums onl
 lease                        COORDINATOR_LEASE_S             20 s
 wait_timeout                 COORDINATOR_WAIT_TIMEOUT_S      1800 s
 progress_interval            COORDINATOR_PROGRESS_S          10 s
-autotune_grace               COORDINATOR_AUTOTUNE_GRACE_S    5 s
 namespace                    COORDINATOR_NAMESPACE           ""
 caches                       COORDINATOR_CACHES              all but bundled_autotune
 chunk_bytes                  COORDINATOR_CHUNK_BYTES         64 MiB
@@ -46,7 +45,6 @@ _ENV = {
     "lease": "COORDINATOR_LEASE_S",
     "wait_timeout": "COORDINATOR_WAIT_TIMEOUT_S",
     "progress_interval": "COORDINATOR_PROGRESS_S",
-    "autotune_grace": "COORDINATOR_AUTOTUNE_GRACE_S",
     "namespace": "COORDINATOR_NAMESPACE",
     "caches": "COORDINATOR_CACHES",
     "chunk_bytes": "COORDINATOR_CHUNK_BYTES",
@@ -78,7 +76,6 @@ _PARSE_ENV = {
     "lease": _seconds,
     "wait_timeout": _seconds,
     "progress_interval": _seconds,
-    "autotune_grace": _seconds,
     "namespace": lambda name, raw: raw,
     "caches": lambda name, raw: tuple(part.strip() for part in raw.split(",") if part.strip()),
     "chunk_bytes": lambda name, raw: int(raw),
@@ -109,15 +106,6 @@ class Config:
     progress_interval: timedelta = timedelta(seconds=10)
     """How often a waiting rank logs a progress line."""
 
-    autotune_grace: timedelta = timedelta(seconds=5)
-    """How long a rank keeps its claim on a Triton kernel's autotune result after the
-    compile, and after each tuning step of a kernel's first launch (compiling its configs,
-    the search, the descent; claims are kept throughout a step): the result comes when the
-    kernel first runs, and kernels tune one after another. Ranks waiting for it get it
-    instead of benchmarking; past the grace they benchmark themselves. Short, because a
-    claim whose result never comes stalls its waiters for the whole grace (30 s stalls
-    at N=8 on GPUs with the former 30 s; see benchmarks/RESULTS.md)."""
-
     namespace: str = ""
     """Extra key prefix, e.g. a model or team name, for stores shared across jobs."""
 
@@ -140,7 +128,7 @@ class Config:
             self.secret = self.secret.encode()
         if self.secret is not None and len(self.secret) == 0:
             self.secret = None
-        for name in ("lease", "wait_timeout", "progress_interval", "autotune_grace"):
+        for name in ("lease", "wait_timeout", "progress_interval"):
             value = getattr(self, name)
             if isinstance(value, (int, float)):
                 value = timedelta(seconds=value)

@@ -58,6 +58,6 @@ def route_caches(session: Session) -> Iterator[None]:
         _compat.routed_remote_caches(backends),
         _compat.on_compile_end(session.compile_ended),
         _compat.fx_graph_lookups(served) if "fx_graph" in backends else contextlib.nullcontext(),
-        _compat.triton_tuning_hooks(session.tuning, session.compiling) if tune else contextlib.nullcontext(),
+        _compat.triton_tuning_hooks(session.tuning_step) if tune else contextlib.nullcontext(),
     ):
         yield

@@ -13,8 +13,11 @@ codes and signal handling are torchrun's own. Before the workers start it:
 
 * puts ``coordinator/_site`` first on the workers' ``PYTHONPATH`` and sets
   ``COORDINATOR_ENABLE=1``: every worker runs under ``compile_once()``;
-* turns on torchrun's virtual local rank (``PET_VIRTUAL_LOCAL_RANK=1``): each worker
-  sees its GPU as ``cuda:0``, so Inductor's keys match across ranks;
+* when every worker has a GPU of its own, turns on torchrun's virtual local rank
+  (``PET_VIRTUAL_LOCAL_RANK=1``): each worker sees its GPU as ``cuda:0``, so Inductor's
+  keys match across ranks. With more workers than GPUs (ranks sharing a GPU) it stays
+  off: torchrun would give worker ``i`` only GPU ``i``, which does not exist for some;
+  the script picks their devices;
 * sets a node-local ``TORCHINDUCTOR_CACHE_DIR`` if none is set, shared by the node's
   workers (node-level single fetch);
 * with ``--coordinator-restore URL``, installs the persisted bundle once for the node
@@ -102,14 +105,38 @@ def _is_script(args: list[str]) -> bool:
     return parsed.training_script == args[-1]
 
 
-def worker_environment(settings: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
+def workers_per_node(torchrun_args: list[str]) -> str:
+    """torchrun's ``--nproc-per-node`` among ``torchrun_args`` ("1" if absent)."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            parsed, _ = _torchrun_parser().parse_known_args(torchrun_args)
+    except SystemExit:
+        return "1"
+    return str(parsed.nproc_per_node)
+
+
+def one_gpu_per_worker(nproc_per_node: str, gpus: int) -> bool:
+    """Whether each of ``nproc_per_node`` workers gets a GPU of its own on a node with ``gpus``."""
+    if gpus == 0:
+        return False
+    if nproc_per_node in ("gpu", "auto"):
+        return True
+    try:
+        return int(nproc_per_node) <= gpus
+    except ValueError:  # "cpu", "xpu"...
+        return False
+
+
+def worker_environment(settings: dict[str, str], environ: dict[str, str], *,
+                       virtual_local_rank: bool = False) -> dict[str, str]:
     """The environment variables to set for the workers."""
     site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
     pythonpath = environ.get("PYTHONPATH", "")
     env = dict(settings)
     env["COORDINATOR_ENABLE"] = "1"
     env["PYTHONPATH"] = site + (os.pathsep + pythonpath if pythonpath else "")
-    env["PET_VIRTUAL_LOCAL_RANK"] = environ.get("PET_VIRTUAL_LOCAL_RANK", "1")
+    if virtual_local_rank and "PET_VIRTUAL_LOCAL_RANK" not in environ:
+        env["PET_VIRTUAL_LOCAL_RANK"] = "1"
     if not environ.get("TORCHINDUCTOR_CACHE_DIR"):
         try:
             user = getpass.getuser()
@@ -139,7 +166,10 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         raise SystemExit(f"coordinator-run: {exc}") from None
     show_coordinator_logs(logging.WARNING, prefix="")
-    os.environ.update(worker_environment(settings, dict(os.environ)))
+    import torch
+
+    virtual = one_gpu_per_worker(workers_per_node(torchrun_args), torch.cuda.device_count())
+    os.environ.update(worker_environment(settings, dict(os.environ), virtual_local_rank=virtual))
     if os.environ.get("COORDINATOR_RESTORE_BUNDLE"):
         restore(os.environ["COORDINATOR_RESTORE_BUNDLE"], os.environ.get("COORDINATOR_BUNDLE_NAME", "default"))
     from torch.distributed.run import main as torchrun_main

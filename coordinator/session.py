@@ -26,7 +26,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from coordinator import _compat
 from coordinator.artifacts import TRITON_PREFIX, collect_kernels, emit_kernels, emit_triton_kernels, read_kernels
@@ -42,10 +42,13 @@ from coordinator.stores.base import TimedStore
 
 log = logging.getLogger(__name__)
 
-#: Kinds a rank may wait for: their owner finishes them inside its compile, with no
-#: collective. AOTAutograd entries are published after the backward compiles, which
-#: can run after forward-pass collectives (FSDP all-gathers); PGO after the run.
-BLOCKING_KINDS = frozenset({"fx_graph", "autotune", "bundled_autotune"})
+#: Kinds a rank may wait for wherever it looks them up: their owner finishes them inside
+#: its compile, with no collective. AOTAutograd entries are published after the backward
+#: compiles, which can run after forward-pass collectives (FSDP all-gathers); PGO after
+#: the run; bundled autotune results at the end of a compile, from kernels tuned by then.
+#: Autotune entries are waited for only inside a kernel's tuning step
+#: (:meth:`Session.tuning_step`): elsewhere (a graph's load) they are only read.
+BLOCKING_KINDS = frozenset({"fx_graph"})
 
 _TIME_TAKEN = re.compile(rb'"time_taken_ms":\s*(\d+)')
 
@@ -76,6 +79,8 @@ class Session:
         self._node: NodeCache | None = None
         #: FX keys this rank asked the store for; the others it found in its local cache.
         self._asked_fx: set[str] = set()
+        #: Autotune keys claimed by the tuning step open on each thread (None: no step).
+        self._step = threading.local()
 
     # -- store -------------------------------------------------------------------------
 
@@ -139,6 +144,8 @@ class Session:
     def _lookup(self, flight: Singleflight, kind: str, key: str) -> LookupResult:
         """Look ``key`` up once per node: from this node's copy, else (under the node
         lock, so sibling ranks wait here instead of asking the store) from the store."""
+        step_claims = getattr(self._step, "claims", None)
+        blocking = kind in BLOCKING_KINDS or (kind == "autotune" and step_claims is not None)
         node = self._node
         local = node.read(key)
         if local is not None:
@@ -152,17 +159,19 @@ class Session:
                 local = node.read(key)
                 if local is not None:
                     return LookupResult(local, "node", lock_wait)
-                result = flight.lookup(key, blocking=kind in BLOCKING_KINDS)
+                result = flight.lookup(key, blocking=blocking)
                 result.waited_s += lock_wait
                 if result.value is not None:
                     node.write(key, result.value)
                     self.stats.record_store_fetch()
-                return result
         except WaitTimeout:
-            return flight.lookup(key, blocking=kind in BLOCKING_KINDS)
+            result = flight.lookup(key, blocking=blocking)
         except OSError as exc:
             log.warning("compile_once: node-local lookup of %s failed (%s); asking the store", key, exc)
-            return flight.lookup(key, blocking=kind in BLOCKING_KINDS)
+            result = flight.lookup(key, blocking=blocking)
+        if result.outcome == "claimed" and step_claims is not None:
+            step_claims.append(key)
+        return result
 
     def _key(self, kind: str, inductor_key: str) -> str:
         digest = hashlib.sha256(inductor_key.encode()).hexdigest()[:40]
@@ -296,17 +305,22 @@ class Session:
             written += emit_triton_kernels(_compat.triton_cache_dir(), triton)
         return written
 
-    def compiling(self) -> bool:
-        """Whether a compile of this rank holds claims (it compiles graphs it claimed)."""
-        return self._flight is not None and self._flight.compiling()
-
-    def tuning(self) -> contextlib.AbstractContextManager[None]:
-        """This rank compiles, searches or descends a Triton kernel's configs at its first
-        launch: autotune claims kept after the compile stay meanwhile, and another
-        ``config.autotune_grace`` after it."""
-        if self._flight is None:
-            return contextlib.nullcontext()
-        return self._flight.tuning(self.config.autotune_grace.total_seconds())
+    @contextlib.contextmanager
+    def tuning_step(self) -> Iterator[None]:
+        """A Triton kernel tunes at its first launch on this thread (config search, then
+        coordinate descent): a leaf step. Its autotune lookup claims the key when no rank
+        has published it and none is tuning it, or waits for the rank that is; the claim
+        ends with the step, published by the kernel's save or abandoned. Outside a step,
+        autotune keys are only read, so no rank holds an autotune claim across a
+        collective or while it waits for a graph."""
+        self._step.claims = claims = []
+        try:
+            yield
+        finally:
+            self._step.claims = None
+            if claims and self._flight is not None:
+                for key in claims:
+                    self._flight.abandon(key)  # a no-op for a key the step published
 
     def _publish(self, flight: Singleflight, kind: str, key: str, data: bytes, files: dict[str, bytes]) -> None:
         match = _TIME_TAKEN.search(data[-256:])
@@ -329,15 +343,9 @@ class Session:
             self.stats.store_failed = True
 
     def compile_ended(self) -> None:
-        """An outermost compile finished: release claims it did not publish.
-
-        Autotune claims stay for ``config.autotune_grace``: Triton saves a kernel's best
-        config when the kernel first runs, right after the compile, and the ranks
-        waiting for it then get it instead of benchmarking themselves.
-        """
+        """An outermost compile finished: release the claims it did not publish."""
         if self._flight is not None:
-            grace = self.config.autotune_grace.total_seconds()
-            released = self._flight.abandon_all(keep=lambda key: "/autotune/" in key, grace=grace)
+            released = self._flight.abandon_all()
             if released:
                 log.debug("compile_once: released %d unpublished claims", released)
 

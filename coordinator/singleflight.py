@@ -31,29 +31,28 @@ computing it, it claims the key and publishes its copy; if another rank is compu
 it, it waits like any waiter (so a warm rank waits on the store while a cold rank
 compiles, rather than in the first collective).
 
-Two rules keep waits deadlock-free. Non-blocking keys (whose computation can depend
-on the forward pass, e.g. AOTAutograd entries) are only read, never waited on. And a
-rank that holds an unpublished claim never waits for another key, so no cycle of
-waiting ranks can form. One exception is bounded: a claim whose value comes only
-after its compile ended (a Triton kernel's autotune result, saved when the kernel
-first runs) may be kept for a grace period (:meth:`Singleflight.abandon_all`), during
-which its holder may wait for other keys; a cycle through it ends when the grace
-does. The grace does not run out while the holder tunes kernels (:meth:`Singleflight.tuning`):
-a tuning step ends without any collective, and meanwhile the holder does not wait. Any store failure disables the store for this process and
-every later lookup returns ``None``: losing the coordinator costs compile time,
-never the job.
+Waits cannot form a cycle, because a rank holds a claim only inside a *leaf step*:
+a step that finishes without waiting on any other rank. The two steps that claim
+are a graph's compile (it claims its FX-graph key; a compile runs no collective) and
+a Triton kernel's tuning at its first launch (it claims the kernel's autotune key;
+the holder benchmarks configs on its own device). A rank that holds a claim never
+waits for another key: its lookups inside the step are non-blocking. So every wait
+points at a rank inside a leaf step, which ends (publishes, abandons, or dies and
+loses its lease) without waiting itself. Keys whose value can depend on other ranks
+(AOTAutograd entries, published after a backward that may follow forward-pass
+collectives; PGO profiles) are never waited on, only read. Any store failure disables
+the store for this process and every later lookup returns ``None``: losing the
+coordinator costs compile time, never the job.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import msgpack
@@ -90,7 +89,6 @@ class _Claim:
     gen: int
     since: float  # wall clock, for finding the files a compile produced
     beats: int = 0
-    abandon_at: float | None = None  # monotonic; set when the compile ended unpublished
 
 
 @dataclasses.dataclass(slots=True)
@@ -124,7 +122,6 @@ class Singleflight:
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._broken: str | None = None
-        self._tuning = 0  # tuning steps in progress: kept claims do not run out meanwhile
 
     # -- state -------------------------------------------------------------------------
 
@@ -143,20 +140,10 @@ class Singleflight:
             claim = self._claims.get(key)
         return claim.since if claim else None
 
-    def compiling(self) -> bool:
-        """Whether a compile of this process holds claims (those kept past their compile
-        by :meth:`abandon_all`'s ``keep`` do not count)."""
-        with self._lock:
-            return any(claim.abandon_at is None for claim in self._claims.values())
-
     def holds_claims(self) -> bool:
-        """Whether this process holds claims that do not end on their own: those of a
-        compile, and during a tuning step (:meth:`tuning`) the kept ones too. A process
-        that holds claims does not wait."""
+        """Whether this process holds claims (it is inside a leaf step): it does not wait."""
         with self._lock:
-            if self._tuning:
-                return bool(self._claims)
-        return self.compiling()
+            return bool(self._claims)
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -312,54 +299,17 @@ class Singleflight:
         except StoreError as exc:
             self._fail(exc)
 
-    def abandon_all(self, keep: Callable[[str], bool] | None = None, grace: float = 0.0) -> int:
+    def abandon_all(self) -> int:
         """Abandon every claim still held (a compile ended without publishing them).
 
-        Claims for which ``keep(key)`` is true stay up to ``grace`` more seconds, still
-        heartbeating: their value comes after the compile (a Triton kernel's autotune
-        result, saved at its first launch). The heartbeat thread abandons them then.
-
         Returns:
-            How many claims were abandoned now.
+            How many claims were abandoned.
         """
         with self._lock:
             keys = list(self._claims)
-            kept = [key for key in keys if keep is not None and grace > 0 and keep(key)]
-            for key in kept:
-                claim = self._claims[key]
-                if claim.abandon_at is None:
-                    claim.abandon_at = time.monotonic() + grace
         for key in keys:
-            if key not in kept:
-                self.abandon(key)
-        if kept:
-            self._ensure_heartbeat()
-        return len(keys) - len(kept)
-
-    def _extend_kept(self, grace: float) -> None:
-        """Give claims kept by :meth:`abandon_all` at least ``grace`` more seconds."""
-        deadline = time.monotonic() + grace
-        with self._lock:
-            for claim in self._claims.values():
-                if claim.abandon_at is not None and claim.abandon_at < deadline:
-                    claim.abandon_at = deadline
-
-    @contextlib.contextmanager
-    def tuning(self, grace: float) -> Iterator[None]:
-        """Keep kept claims for the duration, and ``grace`` more seconds after it.
-
-        One kernel's first launch compiles its configs, benchmarks them and may descend
-        for seconds, longer than the grace; the kernels after it, whose claims are kept
-        too, publish only when their turn comes. None of it waits on another rank.
-        """
-        with self._lock:
-            self._tuning += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._tuning -= 1
-            self._extend_kept(grace)
+            self.abandon(key)
+        return len(keys)
 
     def _drop_claim(self, key: str, *, delete: bool) -> None:
         with self._lock:
@@ -384,25 +334,15 @@ class Singleflight:
 
     def _beat_forever(self) -> None:
         interval = self.lease / 4
-        next_beat = time.monotonic() + interval
-        while not self._stop.wait(min(interval, 0.5)):  # kept claims end on time
-            now = time.monotonic()
-            beat = now >= next_beat
-            if beat:
-                next_beat = now + interval
+        while not self._stop.wait(interval):
             with self._lock:
                 claims = list(self._claims.items())
-                tuning = self._tuning > 0
             for key, claim in claims:
-                if claim.abandon_at is not None and now >= claim.abandon_at and not tuning:
-                    log.debug("no value for %s within its grace after the compile; abandoning", key)
-                    self.abandon(key)
-                elif beat:
-                    claim.beats += 1
-                    try:
-                        self.store.set(f"h/{key}/{claim.gen}", msgpack.packb([claim.beats, time.time()]))
-                    except StoreError as exc:
-                        log.debug("heartbeat for %s failed: %s", key, exc)
+                claim.beats += 1
+                try:
+                    self.store.set(f"h/{key}/{claim.gen}", msgpack.packb([claim.beats, time.time()]))
+                except StoreError as exc:
+                    log.debug("heartbeat for %s failed: %s", key, exc)
 
     def close(self) -> None:
         """Abandon held claims and stop the heartbeat thread."""

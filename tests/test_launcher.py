@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.run import get_args_parser
 
-from coordinator.launcher import split_args, worker_environment
+from coordinator.launcher import one_gpu_per_worker, split_args, worker_environment, workers_per_node
 
 PLAIN = str(Path(__file__).with_name("plain_script.py"))
 
@@ -53,12 +53,26 @@ def test_unknown_coordinator_option_is_an_error():
 
 
 def test_worker_environment(tmp_path):
-    env = worker_environment({"COORDINATOR_STORE": "file:///s"}, {"PYTHONPATH": "/mine"})
+    env = worker_environment({"COORDINATOR_STORE": "file:///s"}, {"PYTHONPATH": "/mine"}, virtual_local_rank=True)
     assert env["COORDINATOR_ENABLE"] == "1" and env["COORDINATOR_STORE"] == "file:///s"
     assert env["PYTHONPATH"].endswith(os.pathsep + "/mine") and env["PYTHONPATH"].split(os.pathsep)[0].endswith("_site")
     assert env["PET_VIRTUAL_LOCAL_RANK"] == "1"
     assert "TORCHINDUCTOR_CACHE_DIR" in env
     assert "TORCHINDUCTOR_CACHE_DIR" not in worker_environment({}, {"TORCHINDUCTOR_CACHE_DIR": "/x"})
+    assert "PET_VIRTUAL_LOCAL_RANK" not in worker_environment({}, {})  # ranks share GPUs, or there are none
+    assert "PET_VIRTUAL_LOCAL_RANK" not in worker_environment({}, {"PET_VIRTUAL_LOCAL_RANK": "0"},
+                                                              virtual_local_rank=True)  # the user's choice stands
+
+
+def test_virtual_local_rank_only_when_every_worker_has_a_gpu():
+    """torchrun's virtual local rank gives worker i only GPU i: with more workers than GPUs
+    (ranks sharing one GPU over gloo) some workers would see none."""
+    assert workers_per_node(["--standalone", "--nproc-per-node", "4", "train.py"]) == "4"
+    assert workers_per_node(["--nproc_per_node=gpu", "train.py"]) == "gpu"
+    assert workers_per_node(["train.py"]) == "1"
+    assert one_gpu_per_worker("2", gpus=2) and one_gpu_per_worker("gpu", gpus=8) and one_gpu_per_worker("1", gpus=1)
+    assert not one_gpu_per_worker("4", gpus=1) and not one_gpu_per_worker("2", gpus=0)
+    assert not one_gpu_per_worker("cpu", gpus=2)
 
 
 def run(launcher: list[str], args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -85,7 +99,7 @@ def test_script_without_coordinator_compiles_each_graph_once(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(3)]
     assert all(r["backend"] == "CoordinatorFxGraphBackend" for r in reports)
-    assert all(r["local_rank"] == "0" for r in reports)  # virtual local rank
+    assert [r["local_rank"] for r in reports] == ["0", "1", "2"]  # no GPUs: no virtual local rank
     misses = sum(r["inductor"].get("fxgraph_cache_miss", 0) for r in reports)
     assert misses == 2, [r["inductor"] for r in reports]
     # The script configures no logging: each worker still shows its summary line.

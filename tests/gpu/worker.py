@@ -1,15 +1,17 @@
 """One rank of a GPU-tier job: compile_once over NCCL's job store, then report what step 1 did.
 
-    torchrun --standalone --virtual-local-rank --nproc-per-node 2 tests/gpu/worker.py OUT_DIR [--mode M]
+    torchrun --standalone --virtual-local-rank --nproc-per-node 2 tests/gpu/worker.py OUT_DIR [--mode M] [--backend B]
 
 Both ranks build the same model from the same seed and run the same batch, so equal
 kernels with equal configs must give bitwise-equal loss and gradients. Rank 0 starts
 first (rank 1 waits a second) and so compiles; rank 1 is the follower. Each rank
 writes ``OUT_DIR/rank<R>.json``: FX misses and hits, Triton compiles (cubins a compile
 put into Triton's cache, not ones an FX hit emitted), the GEMM template selections,
-runtime config searches and coordinate-descent runs it really did (counted by
-wrappers: see ``trace_tuning``), cubins in its Triton cache dir, the coordinator's
-stats, and a SHA-256 of the loss and every gradient.
+runtime config searches and coordinate-descent runs it really did, with the kernels
+they tuned (counted by wrappers: see ``trace_tuning``), cubins in its Triton cache
+dir, the coordinator's stats, and a SHA-256 of the loss and every gradient. With
+``--backend gloo`` both ranks may share one GPU (``--virtual-local-rank`` shows each
+its GPU as ``cuda:0``).
 """
 
 from __future__ import annotations
@@ -56,16 +58,20 @@ def trace_tuning() -> dict:
     from torch._inductor.runtime import triton_heuristics as th
 
     counts = {"template_selections": 0, "runtime_autotunes": 0, "coordesc_runs": 0}
-    seen: dict = {"counts": counts, "first_template_selection": None, "first_coordesc": None, "cache_checks": []}
+    tuned: dict = {"searched": [], "descended": []}
+    seen: dict = {"counts": counts, "tuned": tuned, "first_template_selection": None, "first_coordesc": None,
+                  "cache_checks": []}
 
     def stack() -> list[str]:
         return [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_stack()[-14:-2]]
 
-    def counted(owner, name: str, count: str, first: str | None, describe=None) -> None:
+    def counted(owner, name: str, count: str, first: str | None, describe=None, names: str | None = None) -> None:
         original = getattr(owner, name)
 
         def wrapper(self, *args, **kwargs):
             counts[count] += 1
+            if names:
+                tuned[names].append(self.inductor_meta.get("kernel_name"))
             if first and seen[first] is None:
                 seen[first] = {**(describe(self, *args) if describe else {}), "stack": stack()}
             return original(self, *args, **kwargs)
@@ -73,12 +79,13 @@ def trace_tuning() -> dict:
         setattr(owner, name, wrapper)
 
     counted(select_algorithm.AlgorithmSelectorCache, "benchmark", "template_selections", "first_template_selection")
-    counted(th.CachingAutotuner, "benchmark_all_configs", "runtime_autotunes", None)
+    counted(th.CachingAutotuner, "benchmark_all_configs", "runtime_autotunes", None, names="searched")
     # The inner method: the outer one also runs (and returns at once) on every launch of a kernel
     # that coordinate descent skips, such as a GEMM template.
     counted(th.CachingAutotuner, "_coordinate_descent_tuning", "coordesc_runs", "first_coordesc",
             lambda self, launcher, *_: {"kernel": self.inductor_meta.get("kernel_name"), "config": str(launcher.config),
-                                        "found_by_coordesc": getattr(launcher.config, "found_by_coordesc", None)})
+                                        "found_by_coordesc": getattr(launcher.config, "found_by_coordesc", None)},
+            names="descended")
     check = th.check_autotune_cache
 
     def traced_check(configs, filename, inductor_meta):
@@ -101,11 +108,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--mode", default="default")
+    p.add_argument("--backend", default="nccl", choices=("nccl", "gloo"))
     args = p.parse_args()
     logging.basicConfig(format=f"[rank{os.environ['RANK']}] %(name)s: %(message)s")
     logging.getLogger("coordinator").setLevel(os.environ.get("COORDINATOR_TIER_LOG_LEVEL", "INFO"))
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl")
+    dist.init_process_group(args.backend)
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.compile(GPT(256, 256, 2, 4, 128).cuda(), mode=args.mode)
@@ -139,10 +147,11 @@ def main() -> None:
         "fx_hits": inductor.get("fxgraph_cache_hit", 0),
         "triton_compiles": triton_compiles(),
         **tuning["counts"],  # template_selections, runtime_autotunes, coordesc_runs: counted, not replayed
+        "tuned": tuning["tuned"],  # the kernels it searched and descended
         "cubins_on_disk": len(list(Path(os.environ["TRITON_CACHE_DIR"]).rglob("*.cubin"))),
         "counters": {k: v for k, v in inductor.items()},  # a follower's include the leader's compile-time deltas
         "stats": coordinator.stats(),
-        "tuning_trace": {k: v for k, v in tuning.items() if k != "counts"},
+        "tuning_trace": {k: v for k, v in tuning.items() if k not in ("counts", "tuned")},
         "digest": digest.hexdigest(),
         "atomic_grads": atomic,
         "loss": loss.item(),
