@@ -1,0 +1,177 @@
+"""One training job of a third-party model, written as a user would: it never imports ``coordinator``.
+
+    torchrun --standalone --nproc-per-node N benchmarks/model_suite_job.py --model llama --json OUT
+    coordinator-run --standalone --nproc-per-node N benchmarks/model_suite_job.py --model llama --json OUT
+
+Models are built from HuggingFace ``transformers`` configs (random init, no download):
+
+* ``llama``: ``LlamaForCausalLM`` under DDP;
+* ``llama-dynamic``: the same, ``torch.compile(dynamic=True)``;
+* ``bert``: ``BertForMaskedLM`` under DDP (dropout on);
+* ``convnext``: ``ConvNextForImageClassification`` under DDP;
+* ``qwen-fsdp``: ``Qwen2ForCausalLM`` under FSDP2, ``fully_shard`` and ``compile`` per decoder
+  layer (the torchtitan pattern).
+
+Each runs ``--steps`` training steps (forward, backward, AdamW) at one input shape, then one
+step at another (longer sequences; for the vision model a larger batch): a recompile. Every
+rank gets the same batches, so losses must be bitwise equal across ranks and to a run with
+no coordinator. Rank 0 writes every rank's step times, losses and Inductor's FX-graph cache
+counters to ``--json``; under ``coordinator-run`` it adds ``coordinator.stats()``, read from
+the module the launcher loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+MODELS = ("llama", "llama-dynamic", "bert", "convnext", "qwen-fsdp")
+#: Model sizes: "bench" for benchmarks/model_suite.py, "tiny" for the tests.
+SIZES = {
+    "bench": {"hidden": 128, "layers": 2, "heads": 4, "vocab": 512, "batch": 4, "seq": (32, 48), "image": 64},
+    "tiny": {"hidden": 32, "layers": 2, "heads": 2, "vocab": 128, "batch": 2, "seq": (8, 12), "image": 32},
+}
+
+
+def build(name: str, size: dict) -> torch.nn.Module:
+    import transformers as tf
+
+    h, layers, heads = size["hidden"], size["layers"], size["heads"]
+    if name.startswith("llama"):
+        config = tf.LlamaConfig(vocab_size=size["vocab"], hidden_size=h, intermediate_size=2 * h,
+                                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
+                                max_position_embeddings=256)
+        return tf.LlamaForCausalLM(config)
+    if name == "qwen-fsdp":
+        config = tf.Qwen2Config(vocab_size=size["vocab"], hidden_size=h, intermediate_size=2 * h,
+                                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
+                                max_position_embeddings=256)
+        return tf.Qwen2ForCausalLM(config)
+    if name == "bert":
+        config = tf.BertConfig(vocab_size=size["vocab"], hidden_size=h, num_hidden_layers=layers,
+                               num_attention_heads=heads, intermediate_size=2 * h, max_position_embeddings=256)
+        return tf.BertForMaskedLM(config)
+    if name == "convnext":
+        config = tf.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[h // 4, h // 2], depths=[1, 1], num_labels=10,
+                                   image_size=size["image"])
+        return tf.ConvNextForImageClassification(config)
+    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+
+
+def batch(name: str, size: dict, step: int, shape: int, device: torch.device) -> dict:
+    """The same batch on every rank: step ``step`` at shape number ``shape`` (0 or 1)."""
+    gen = torch.Generator().manual_seed(1000 + step)
+    if name == "convnext":
+        n = size["batch"] * (1 + shape)  # the shape change: a larger batch
+        pixels = torch.randn(n, 3, size["image"], size["image"], generator=gen)
+        labels = torch.randint(10, (n,), generator=gen)
+        return {"pixel_values": pixels.to(device), "labels": labels.to(device)}
+    ids = torch.randint(size["vocab"], (size["batch"], size["seq"][shape]), generator=gen).to(device)
+    return {"input_ids": ids, "labels": ids}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=MODELS, required=True)
+    p.add_argument("--size", choices=tuple(SIZES), default="bench")
+    p.add_argument("--steps", type=int, default=2, help="steps at the first shape; then one at the second")
+    p.add_argument("--json", required=True)
+    p.add_argument("--cache-per-rank", action="store_true",
+                   help="each rank its own empty Inductor cache dir, as ranks on separate nodes have")
+    args = p.parse_args()
+    if args.cache_per_rank:
+        import tempfile
+
+        cache = tempfile.mkdtemp(prefix=f"inductor-rank{os.environ.get('RANK', 0)}-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    backend = os.environ.get("SUITE_BACKEND") or ("nccl" if cuda else "gloo")
+    dist.init_process_group(backend, timeout=timedelta(minutes=30))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    size = SIZES[args.size]
+
+    torch.manual_seed(0)
+    model = build(args.model, size).to(device).train()
+    if args.model == "qwen-fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            layer.compile()
+            fully_shard(layer)
+        fully_shard(model)
+        runner = model
+    else:
+        # Compile the module, then wrap it (on torch 2.13 Dynamo skips DDP's own forward).
+        compiled = torch.compile(model, dynamic=True if args.model == "llama-dynamic" else None)
+        runner = torch.nn.parallel.DistributedDataParallel(compiled)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    shapes = [0] * args.steps + [1]
+    losses, step_ends = [], []
+    dist.barrier()
+    start = time.time()
+    for step, shape in enumerate(shapes):
+        loss = runner(**batch(args.model, size, step, shape, device)).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())  # syncs the device
+        step_ends.append(time.time())
+
+    import resource
+
+    from torch._dynamo.utils import counters
+
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+
+    coordinator = sys.modules.get("coordinator")  # loaded by coordinator-run, never imported here
+    mine = {
+        "rank": rank,
+        "start": start,
+        "step_ends": step_ends,
+        "losses": [float.hex(x) for x in losses],
+        "fx_misses": counters["inductor"].get("fxgraph_cache_miss", 0),
+        "fx_hits": counters["inductor"].get("fxgraph_cache_hit", 0),
+        "stats": coordinator.stats() if coordinator is not None else None,
+        # CPU seconds of this process and the compilers it ran (its compile workers' own
+        # children are not counted).
+        "cpu_s": sum(u.ru_utime + u.ru_stime for u in usage),
+    }
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    if rank == 0:
+        begin = min(r["start"] for r in everyone)
+        result = {
+            "model": args.model, "size": args.size, "world": world, "torch": torch.__version__,
+            "step1_s": max(r["step_ends"][0] for r in everyone) - begin,
+            "all_steps_s": max(r["step_ends"][-1] for r in everyone) - begin,
+            "ranks": everyone,
+        }
+        with open(args.json, "w") as f:
+            json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+    # Leave without tearing the interpreter down: on torch 2.13 with gloo, freeing DDP's
+    # reducer at teardown can deadlock (its process group joins a gloo thread that waits for
+    # the GIL the teardown holds). Exit handlers (the coordinator's summary) still run.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
