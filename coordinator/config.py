@@ -27,6 +27,7 @@ import dataclasses
 import os
 import re
 from datetime import timedelta
+from collections.abc import Mapping
 from typing import Any
 
 from coordinator.errors import ConfigError
@@ -61,6 +62,13 @@ def _seconds(name: str, raw: str) -> timedelta:
     return timedelta(seconds=value)
 
 
+def _integer(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{_ENV[name]}={raw!r} is not a whole number") from None
+
+
 def _flag(name: str, raw: str) -> bool:
     lowered = raw.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -78,7 +86,7 @@ _PARSE_ENV = {
     "progress_interval": _seconds,
     "namespace": lambda name, raw: raw,
     "caches": lambda name, raw: tuple(part.strip() for part in raw.split(",") if part.strip()),
-    "chunk_bytes": lambda name, raw: int(raw),
+    "chunk_bytes": _integer,
     "ship_cpu_kernels": _flag,
     "share_local_hits": _flag,
 }
@@ -145,15 +153,28 @@ class Config:
             raise ConfigError(f"chunk_bytes must be at least 1024, got {self.chunk_bytes}")
         if not re.fullmatch(r"[A-Za-z0-9._-]*", self.namespace):
             raise ConfigError(f"namespace {self.namespace!r} may only hold letters, digits, '.', '_' and '-'")
-        if isinstance(self.store, str) and "://" not in self.store:
-            raise ConfigError(
-                f"store {self.store!r} is not a URL; use redis://host:port/db, rediss://..., "
-                "file:///path, or leave it unset for the job's torch.distributed store"
-            )
+        if isinstance(self.store, str):
+            from coordinator.stores import check_store_url
+
+            check_store_url(self.store)
+        elif self.store is not None:
+            import torch.distributed as dist
+
+            from coordinator.stores import Store
+
+            if not isinstance(self.store, (Store, dist.Store)):
+                raise ConfigError(f"cannot use {type(self.store).__name__} as a store; give a URL, a "
+                                  "torch.distributed.Store or a coordinator.Store")
 
     @classmethod
-    def resolve(cls, **arguments: Any) -> Config:
-        """Build a config: arguments that are not ``None`` first, then env vars, then defaults."""
+    def resolve(cls, environ: Mapping[str, str] | None = None, **arguments: Any) -> Config:
+        """Build a config: arguments that are not ``None`` first, then the variables of
+        ``environ`` (default ``os.environ``), then defaults.
+
+        Raises:
+            ConfigError: a setting is invalid, with the variable or argument it came from.
+        """
+        environ = os.environ if environ is None else environ
         unknown = sorted(set(arguments) - set(_ENV))
         if unknown:
             raise ConfigError(f"unknown settings {unknown}; allowed: {', '.join(_ENV)}")
@@ -161,6 +182,6 @@ class Config:
         for name, env_name in _ENV.items():
             if arguments.get(name) is not None:
                 values[name] = arguments[name]
-            elif os.environ.get(env_name):
-                values[name] = _PARSE_ENV[name](name, os.environ[env_name])
+            elif environ.get(env_name):
+                values[name] = _PARSE_ENV[name](name, environ[env_name])
         return cls(**values)

@@ -10,7 +10,10 @@ kernels, extend NCCL timeouts; and we keep the FX graphs of remote hits in its l
 cache, which it does not do itself (``_compat.fx_graph_lookups``), so a repeated graph
 is received once. FX graphs Inductor serves from its local cache are reported to the
 session too (``Session.fx_graph_served``), and Triton kernels tuning at their first
-launch too (``_compat.triton_tuning_hooks``).
+launch too (``_compat.triton_tuning_hooks``). Reads of the rank are reported to the
+session (``_compat.rank_reads``), which never shares a graph compiled while the rank was
+read; and Inductor's switches that run collectives inside a compile are off
+(``_compat.collective_switches_off``): only one rank compiles each graph.
 """
 
 from __future__ import annotations
@@ -55,9 +58,12 @@ def route_caches(session: Session) -> Iterator[None]:
     served = session.fx_graph_served if session.config.share_local_hits else None
     tune = "autotune" in backends
     with (
+        _compat.collective_switches_off(),
         _compat.routed_remote_caches(backends),
         _compat.on_compile_end(session.compile_ended),
-        _compat.fx_graph_lookups(served) if "fx_graph" in backends else contextlib.nullcontext(),
+        _compat.rank_reads(session.rank_read),
+        _compat.fx_graph_lookups(served, session.keep_graph_locally) if "fx_graph" in backends
+        else contextlib.nullcontext(),
         _compat.triton_tuning_hooks(session.tuning_step) if tune else contextlib.nullcontext(),
     ):
         yield

@@ -11,6 +11,8 @@ environment variables), so they never collide with torchrun's; everything else i
 handed unchanged to ``torch.distributed.run.main``, in this process, so flags, exit
 codes and signal handling are torchrun's own. Before the workers start it:
 
+* refuses invalid ``COORDINATOR_*`` settings (exit status 1, the ``ConfigError``'s
+  message), which every worker would refuse;
 * puts ``coordinator/_site`` first on the workers' ``PYTHONPATH`` and sets
   ``COORDINATOR_ENABLE=1``: every worker runs under ``compile_once()``;
 * when every worker has a GPU of its own, turns on torchrun's virtual local rank
@@ -31,6 +33,7 @@ script configures logging; see ``coordinator.logs``.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import getpass
@@ -89,10 +92,17 @@ def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
 
 
 @functools.lru_cache(maxsize=1)
-def _torchrun_parser():
+def _torchrun_parser() -> argparse.ArgumentParser:
+    """torchrun's parser, for reading its arguments without acting on them: an option
+    that prints and exits as it is parsed (``--print-completion``, torch 2.14) only
+    stores its value here."""
     from torch.distributed.run import get_args_parser
 
-    return get_args_parser()
+    parser = get_args_parser()
+    for action in parser._actions:
+        if "--print-completion" in action.option_strings:
+            action.__class__ = argparse._StoreAction
+    return parser
 
 
 def _is_script(args: list[str]) -> bool:
@@ -146,6 +156,22 @@ def worker_environment(settings: dict[str, str], environ: dict[str, str], *,
     return env
 
 
+def check_settings(environ: dict[str, str]) -> None:
+    """Refuse, before any worker starts, settings every worker would refuse.
+
+    Raises:
+        ConfigError: a ``COORDINATOR_*`` setting of ``environ`` is invalid.
+    """
+    from coordinator.config import Config
+    from coordinator.stores import check_store_url
+
+    Config.resolve(environ=environ)
+    parse_level(environ.get("COORDINATOR_LOG_LEVEL"))
+    for name in ("COORDINATOR_RESTORE_BUNDLE", "COORDINATOR_SAVE_BUNDLE"):
+        if environ.get(name):
+            check_store_url(environ[name])
+
+
 def restore(url: str, name: str) -> None:
     """Install the persisted bundle for this node; never fails the job."""
     try:
@@ -162,7 +188,7 @@ def restore(url: str, name: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     settings, torchrun_args = split_args(sys.argv[1:] if argv is None else argv)
     try:
-        parse_level(settings.get("COORDINATOR_LOG_LEVEL", os.environ.get("COORDINATOR_LOG_LEVEL")))
+        check_settings({**os.environ, **settings})
     except ConfigError as exc:
         raise SystemExit(f"coordinator-run: {exc}") from None
     show_coordinator_logs(logging.WARNING, prefix="")

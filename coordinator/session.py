@@ -15,6 +15,14 @@ gap: it publishes the local copy when no rank has, or waits on the store while a
 rank compiles it. Without it a warm rank (a restarted job, a reused node) leaves cold
 ranks compiling and reaches the first collective alone, where the collective's timeout
 can end the job.
+
+A graph whose code depends on the rank is never shared. Inductor passes can bake the
+rank into a graph after its cache key is computed (bucketed all-gathers slice each
+rank's shard at a rank-dependent offset), so every rank looks the graph up under the
+same key. While this rank compiles a graph it missed, reads of the rank by code other
+than torch.distributed's are recorded (``_compat.rank_reads``); a graph compiled with
+any is published as a *rank-dependent mark* instead of its entry, kept out of Inductor's
+local cache, and every rank that looks it up compiles its own.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from collections.abc import Callable, Iterator
 from coordinator import _compat
 from coordinator.artifacts import TRITON_PREFIX, collect_kernels, emit_kernels, emit_triton_kernels, read_kernels
 from coordinator.config import Config
-from coordinator.errors import IntegrityError, StoreError, WaitTimeout
+from coordinator.errors import ConfigError, IntegrityError, StoreError, WaitTimeout
 from coordinator.fingerprint import fingerprint
 from coordinator.integrity import open_sealed, seal
 from coordinator.node import NodeCache
@@ -70,6 +78,7 @@ class Session:
         self._flight: Singleflight | None = None
         self._open_lock = threading.Lock()
         self._told_no_store = False
+        self._unusable = False
         self._miss_times: dict[str, float] = {}
         self._prefix = ""
         #: Kernel files this rank compiled or received, and the compile time of the FX
@@ -81,12 +90,16 @@ class Session:
         self._asked_fx: set[str] = set()
         #: Autotune keys claimed by the tuning step open on each thread (None: no step).
         self._step = threading.local()
+        #: FX graphs this thread is compiling (store key -> rank reads seen since its miss).
+        self._compiling = threading.local()
+        #: Store keys of graphs whose code depends on the rank: never published, never loaded.
+        self._rank_dependent: set[str] = set()
 
     # -- store -------------------------------------------------------------------------
 
     def flight(self) -> Singleflight | None:
         """The singleflight client, opened on first use; ``None`` while no store exists."""
-        if self._flight is not None:
+        if self._flight is not None or self._unusable:
             return self._flight
         with self._open_lock:
             if self._flight is None:
@@ -97,6 +110,10 @@ class Session:
         try:
             store = TimedStore(open_store(self.config.store, chunk_bytes=self.config.chunk_bytes),
                                self.stats.record_store_call)
+        except ConfigError as exc:  # cannot change while this process runs: stop trying
+            log.warning("compile_once: cannot open the store (%s); compiling locally", exc)
+            self._unusable = True
+            return None
         except StoreError as exc:
             if not self._told_no_store:
                 log.info("compile_once: no store yet (%s); compiling locally until there is one", exc)
@@ -177,11 +194,31 @@ class Session:
         digest = hashlib.sha256(inductor_key.encode()).hexdigest()[:40]
         return f"{self._prefix}/{kind}/{digest}"
 
-    def _note_miss(self, kind: str, key: str) -> None:
+    def _note_miss(self, kind: str, key: str, inductor_key: str) -> None:
         # When this rank compiles a graph it did not claim (the store failed, or it
         # held another claim), kernels written since the miss travel with the entry.
         if kind == "fx_graph":
             self._miss_times[key] = time.time()
+            self._compiling_now()[key] = (inductor_key, [])
+
+    def _compiling_now(self) -> dict[str, tuple[str, list[str]]]:
+        graphs = getattr(self._compiling, "graphs", None)
+        if graphs is None:
+            graphs = self._compiling.graphs = {}
+        return graphs
+
+    def rank_read(self, where: str) -> None:
+        """Code read this process's rank (``_compat.rank_reads``): if this thread is
+        compiling FX graphs, their code may depend on it."""
+        for _, reads in self._compiling_now().values():
+            if where not in reads:
+                reads.append(where)
+
+    def keep_graph_locally(self, local_key: str) -> bool:
+        """Whether Inductor may write the FX graph of ``local_key`` (its own key, which
+        the backend's key contains) to its local cache: not one whose code read the rank,
+        so that a later job neither loads it on another rank nor shares it from there."""
+        return not any(reads and local_key in inductor_key for inductor_key, reads in self._compiling_now().values())
 
     # -- the two calls Inductor makes ----------------------------------------------------
 
@@ -200,15 +237,23 @@ class Session:
             self.stats.store_failed = True
         if result.value is None:
             log.debug("compile_once: %s miss %s (%s)", kind, key, result.outcome)
-            self._note_miss(kind, key)
+            self._note_miss(kind, key, inductor_key)
             self.stats.record_miss(kind)
             return None
         try:
             sealed = open_sealed(key, result.value, secret=self.config.secret)
         except IntegrityError as exc:
             log.warning("compile_once: rejected %s entry %s from the store: %s; compiling locally", kind, key, exc)
-            self._note_miss(kind, key)
+            self._note_miss(kind, key, inductor_key)
             self.stats.record_miss(kind, rejected=True)
+            return None
+        if sealed.meta.get("rank_dependent"):
+            if key not in self._rank_dependent:
+                self._rank_dependent.add(key)
+                log.info("compile_once: FX graph %s depends on the rank (rank %s read it in %s); compiling it "
+                         "on this rank", key, sealed.meta.get("rank"), ", ".join(sealed.meta.get("reads", [])))
+            self._note_miss(kind, key, inductor_key)
+            self.stats.record_miss(kind)
             return None
         kernels = 0
         if sealed.files:
@@ -245,6 +290,12 @@ class Session:
             return
         if kind == "autotune":
             log.debug("compile_once: publishing %s now: %s", key, data[:160])
+        if kind == "fx_graph":
+            _, reads = self._compiling_now().pop(key, ("", []))
+            if reads or key in self._rank_dependent:
+                self._miss_times.pop(key, None)
+                self._mark_rank_dependent(flight, key, reads)
+                return
         files: dict[str, bytes] = {}
         missed_at = self._miss_times.pop(key, None)
         since = flight.claim_started(key) or missed_at
@@ -266,7 +317,7 @@ class Session:
         lease or the deadline ends), so that this rank does not reach the first
         collective while that rank still compiles.
         """
-        if inductor_key in self._asked_fx:  # a remote hit: the store has it
+        if inductor_key in self._asked_fx:  # a remote hit (or a rank-dependent graph): nothing to share
             return
         flight = self.flight()
         if flight is None:
@@ -322,12 +373,25 @@ class Session:
                 for key in claims:
                     self._flight.abandon(key)  # a no-op for a key the step published
 
-    def _publish(self, flight: Singleflight, kind: str, key: str, data: bytes, files: dict[str, bytes]) -> None:
+    def _mark_rank_dependent(self, flight: Singleflight, key: str, reads: list[str]) -> None:
+        """Publish a mark in place of a graph whose code read the rank: ranks waiting on
+        it, and every later lookup, compile their own."""
+        self.stats.record_rank_dependent()
+        if key in self._rank_dependent:
+            return
+        self._rank_dependent.add(key)
+        log.info("compile_once: FX graph %s read the rank while compiling (in %s): its code may differ between "
+                 "ranks, so it is not shared; every rank compiles its own", key, ", ".join(reads))
+        self._publish(flight, "fx_graph", key, b"", {}, extra_meta={"rank_dependent": True, "reads": reads})
+
+    def _publish(self, flight: Singleflight, kind: str, key: str, data: bytes, files: dict[str, bytes],
+                 extra_meta: dict | None = None) -> None:
         match = _TIME_TAKEN.search(data[-256:])
         meta = {
             "time_taken_ms": int(match.group(1)) if match else 0,
             "rank": flight.owner.rank,
             "host": flight.owner.host,
+            **(extra_meta or {}),
         }
         if kind == "fx_graph":
             self.kernel_files.update(files)

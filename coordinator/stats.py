@@ -43,6 +43,7 @@ class Stats:
         self.store_calls = 0
         self.store_s = 0.0
         self.shared_from_local = 0
+        self.rank_dependent = 0
         self.store = "none"
 
     def record_hit(self, kind: str, nbytes: int, saved_s: float, extension_s: float, kernels: int,
@@ -71,6 +72,10 @@ class Stats:
         with self._lock:
             self.shared_from_local += 1
 
+    def record_rank_dependent(self) -> None:
+        with self._lock:
+            self.rank_dependent += 1
+
     def record_store_fetch(self) -> None:
         with self._lock:
             self.store_fetches += 1
@@ -93,6 +98,7 @@ class Stats:
                 "graphs_compiled": fx.misses,
                 "graphs_received": fx.hits,
                 "graphs_shared_from_local_cache": self.shared_from_local,
+                "graphs_rank_dependent": self.rank_dependent,
                 "waited_s": round(self.waited_s, 3),
                 "bytes_received": self.bytes_received,
                 "bytes_from_node": self.bytes_from_node,
@@ -112,7 +118,8 @@ class Stats:
         d = self.as_dict()
         return (
             f"compile_once rank {d['rank']}: {d['graphs_compiled']} graphs compiled locally, "
-            f"{d['graphs_received']} received, {d['graphs_shared_from_local_cache']} shared from its local cache; waited {d['waited_s']:.1f}s; "
+            f"{d['graphs_received']} received, {d['graphs_shared_from_local_cache']} shared from its local cache, "
+            f"{d['graphs_rank_dependent']} rank-dependent (not shared); waited {d['waited_s']:.1f}s; "
             f"received {d['bytes_received'] / 1e6:.2f} MB (and {d['bytes_from_node'] / 1e6:.2f} MB "
             f"from this node's copy); compile time saved {d['compile_time_saved_s']:.1f}s; "
             f"NCCL timeout extended by {d['timeout_extension_s']:.0f}s; rejected {d['rejected']}; "

@@ -136,3 +136,29 @@ def test_compile_workers_stay_off_redis_while_autotune_is_routed():
         os.environ.clear()
         os.environ.update(saved)
     assert created == "True" and guarded_s < 0.5, (created, guarded_s, time.monotonic() - started)
+
+
+def test_reads_of_the_rank_are_reported_except_for_logging(tmp_path):
+    import logging
+
+    import torch.distributed as dist
+
+    from coordinator import _compat
+
+    def reads_the_rank(group):
+        return dist.get_rank(), group.rank()
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        group = dist.group.WORLD
+        reads: list[str] = []
+        with _compat.rank_reads(reads.append):
+            reads_the_rank(group)
+            # torch's log formatter prefixes each record with the rank: not a read that changes code.
+            logging.getLogger("torch._inductor.select_algorithm").warning("a warning during a compile")
+            dist.barrier()
+        assert reads == [f"{__name__}.reads_the_rank"] * 2
+        assert dist.get_rank() == 0 and group.rank() == 0
+        assert dist.get_rank is dist.distributed_c10d.get_rank and "report" not in str(dist.get_rank.__code__)
+    finally:
+        dist.destroy_process_group()

@@ -122,6 +122,22 @@ def test_rank_dependent_graphs_never_wait(job):
         assert "waiting for" not in r.log
 
 
+@pytest.mark.parametrize("cache", ["separate", "shared"])
+def test_a_graph_whose_code_depends_on_the_rank_is_never_shared(job, tmp_path, cache):
+    # A post-grad pass adds the rank to the forward's output after the FX key is computed.
+    # Loading rank 0's graph, rank 1 and 2 would add 0: their losses would be rank 0's.
+    cache_dirs = {rank: tmp_path / "node-cache" for rank in range(WORLD)} if cache == "shared" else None
+    results = job(WORLD, {"rank_baking_pass": True}, cache_dirs=cache_dirs)
+    require_success(results)
+    for r in results:
+        torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
+        assert r.fx_misses == UNIQUE_GRAPHS and r.fx_hits == 0, r.report["inductor"]
+        assert r.report["stats"]["graphs_rank_dependent"] == UNIQUE_GRAPHS
+        assert "read the rank while compiling (in __main__.__call__)" in r.log
+    losses = [r.report["losses"][0] for r in results]
+    assert len(set(losses)) == WORLD, losses
+
+
 def test_collective_in_compiled_forward_does_not_deadlock(job):
     results = job(WORLD, {"model": "collective", "steps": 2}, timeout=200)
     require_success(results)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from datetime import timedelta
 
 import pytest
@@ -48,9 +52,54 @@ def test_invalid_settings(kwargs, message):
         Config(**kwargs)
 
 
+@pytest.mark.parametrize("url, message", [
+    ("bogus://x", "unknown store URL scheme 'bogus' in 'bogus://x'; allowed: \\['file', 'redis', 'rediss'\\]"),
+    ("file://host/dir", "names a host"),
+])
+def test_a_bad_store_url_fails_when_compile_once_starts(monkeypatch, url, message):
+    import coordinator
+
+    with pytest.raises(ConfigError, match=message):
+        with coordinator.compile_once(url):
+            pass
+    monkeypatch.setenv("COORDINATOR_STORE", url)
+    with pytest.raises(ConfigError, match=message):
+        with coordinator.compile_once():
+            pass
+    monkeypatch.delenv("COORDINATOR_STORE")
+    with coordinator.compile_once():  # nothing was left active
+        pass
+
+
+def test_a_store_object_of_the_wrong_type_is_refused():
+    with pytest.raises(ConfigError, match="cannot use dict as a store"):
+        Config(store={"host": "localhost"})
+
+
+def test_collective_switches_are_off_inside_compile_once_and_restored_after(tmp_path):
+    script = tmp_path / "switch.py"
+    script.write_text(textwrap.dedent("""
+        import logging
+        import torch._inductor.config as inductor_config
+        import coordinator
+        logging.basicConfig(level=logging.WARNING)
+        before = inductor_config.distributed_max_autotune_gemm
+        with coordinator.compile_once():
+            inside = inductor_config.distributed_max_autotune_gemm
+        print("switch", before, inside, inductor_config.distributed_max_autotune_gemm)
+    """))
+    env = dict(os.environ, TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM="1")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "switch True False True" in done.stdout
+    assert done.stderr.count("turned off torch._inductor.config.distributed_max_autotune_gemm") == 1
+
+
 def test_invalid_env(monkeypatch):
     monkeypatch.setenv("COORDINATOR_LEASE_S", "soon")
     with pytest.raises(ConfigError, match="COORDINATOR_LEASE_S='soon' is not a number"):
         Config.resolve()
     with pytest.raises(ConfigError, match="unknown settings"):
         Config.resolve(leese=1)
+    with pytest.raises(ConfigError, match="COORDINATOR_CHUNK_BYTES='1MB' is not a whole number"):
+        Config.resolve(environ={"COORDINATOR_CHUNK_BYTES": "1MB"})

@@ -24,6 +24,8 @@ def every_torchrun_flag() -> list[str]:
     for action in get_args_parser()._actions:
         if not action.option_strings or isinstance(action, argparse._HelpAction):
             continue
+        if "--print-completion" in action.option_strings:  # torchrun prints it and exits: no job
+            continue
         flag = action.option_strings[-1]  # the underscore spelling where there are two
         if action.nargs == 0:
             argv.append(flag)
@@ -45,6 +47,12 @@ def test_every_torchrun_flag_passes_through():
     parser = get_args_parser()
     assert vars(parser.parse_args(rest)) == vars(parser.parse_args(flags + script))
     assert parser.parse_args(rest).training_script_args == script[1:]
+
+
+def test_an_option_that_prints_and_exits_is_passed_through_not_acted_on(capsys):
+    settings, rest = split_args(["--print-completion", "bash", "train.py", "--coordinator-store", "x"])
+    assert settings == {} and rest == ["--print-completion", "bash", "train.py", "--coordinator-store", "x"]
+    assert capsys.readouterr().out == ""
 
 
 def test_unknown_coordinator_option_is_an_error():
@@ -129,6 +137,23 @@ def test_bad_log_level_fails_before_any_worker_starts(tmp_path):
                                             "1", PLAIN, str(out)], tmp_path)
     assert result.returncode != 0
     assert "COORDINATOR_LOG_LEVEL='LOUD': expected one of DEBUG, INFO, WARNING, ERROR" in result.stderr
+    assert not list(out.iterdir())
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--coordinator-store", "bogus://x"], {}, "unknown store URL scheme 'bogus' in 'bogus://x'"),
+    ([], {"COORDINATOR_STORE": "file://host/dir"}, "names a host"),
+    ([], {"COORDINATOR_LEASE_S": "soon"}, "COORDINATOR_LEASE_S='soon' is not a number of seconds"),
+    (["--coordinator-save-bundle", "s3://bucket"], {}, "unknown store URL scheme 's3'"),
+])
+def test_invalid_settings_fail_before_any_worker_starts(tmp_path, args, env, message):
+    out = tmp_path / "reports"
+    out.mkdir()
+    result = run(["coordinator.launcher"], [*args, "--standalone", "--nproc-per-node", "1", PLAIN, str(out)],
+                 tmp_path, env=env)
+    assert result.returncode == 1
+    assert f"coordinator-run: {message}" in result.stderr or message in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
     assert not list(out.iterdir())
 
 

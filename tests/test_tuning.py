@@ -190,6 +190,7 @@ class KernelFromWorker:
         self.compile_results = [SimpleNamespace(config=config) for config in configs]
         self.launchers = [SimpleNamespace(config=config) for config in configs]  # after precompile
         self.lock = threading.Lock()
+        self._could_rblock_scale = False  # what recheck_autotune_cache reads since 2.14
 
     def is_statically_launchable(self) -> bool:  # what recheck_autotune_cache asserts
         return True

@@ -105,6 +105,26 @@ class FirstCompilerPass(CustomGraphPass):
         return "coordinator-tests-first-compiler"
 
 
+class RankBakingPass(CustomGraphPass):
+    """A post-grad pass that adds this rank to a graph's first output, as Inductor's
+    bucketing passes bake rank-dependent offsets into code: the rank is read after the
+    FX key is computed (the uuid is constant), so every rank looks the graph up under
+    the same key. A rank that loaded another rank's graph would add that rank."""
+
+    def __call__(self, graph) -> None:
+        rank = dist.get_rank()
+        output = graph.find_nodes(op="output")[0]
+        outputs = list(output.args[0])
+        with graph.inserting_before(output):
+            baked = graph.call_function(torch.ops.aten.add.Tensor, (outputs[0], rank))
+        baked.meta = dict(outputs[0].meta)
+        outputs[0] = baked
+        output.args = (type(output.args[0])(outputs),)
+
+    def uuid(self) -> str:
+        return "coordinator-tests-rank-baking"
+
+
 def make_model(kind: str, rank: int) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "repeated":
@@ -136,6 +156,10 @@ def main() -> None:
         from torch._inductor import config as inductor_config
 
         inductor_config.post_grad_custom_post_pass = FirstCompilerPass(options["first_compiler"], options["marker"])
+    if options.get("rank_baking_pass"):
+        from torch._inductor import config as inductor_config
+
+        inductor_config.post_grad_custom_post_pass = RankBakingPass()
 
     use_pg = not options.get("no_pg")
     if use_pg:
@@ -171,7 +195,8 @@ def main() -> None:
             loss.backward()
             step_times.append(time.perf_counter() - start)
             losses.append(loss.item())
-            ref_losses.append(reference(x).pow(2).mean().item())
+            expected = reference(x) + (rank if options.get("rank_baking_pass") else 0)
+            ref_losses.append(expected.pow(2).mean().item())
         if options.get("touch_after_steps"):
             open(options["touch_after_steps"], "w").close()
 

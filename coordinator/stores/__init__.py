@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlparse
 from coordinator.errors import ConfigError, StoreError
 from coordinator.stores.base import Store
 
-__all__ = ["Store", "open_store"]
+__all__ = ["Store", "check_store_url", "open_store"]
 
 
 def _open_redis(url: str, chunk_bytes: int) -> Store:
@@ -26,13 +26,30 @@ def _open_redis(url: str, chunk_bytes: int) -> Store:
 def _open_file(url: str, chunk_bytes: int) -> Store:
     from coordinator.stores.file import FileStore
 
-    parsed = urlparse(url)
-    if parsed.netloc not in ("", "localhost"):
-        raise ConfigError(f"file store URL {url!r} names a host; use file:///absolute/path")
-    return FileStore(unquote(parsed.path))
+    return FileStore(unquote(urlparse(url).path))
 
 
 _URL_SCHEMES = {"redis": _open_redis, "rediss": _open_redis, "file": _open_file}
+
+
+def check_store_url(url: str) -> None:
+    """Raise :class:`ConfigError` if ``url`` cannot name a store; reaches no server.
+
+    Whether the store is up is found out at first use, where an unreachable store means
+    compiling locally; a URL that can never work is a configuration error.
+    """
+    if "://" not in url:
+        raise ConfigError(
+            f"store {url!r} is not a URL; use redis://host:port/db, rediss://..., "
+            "file:///path, or leave it unset for the job's torch.distributed store"
+        )
+    parsed = urlparse(url)
+    if parsed.scheme not in _URL_SCHEMES:
+        raise ConfigError(f"unknown store URL scheme {parsed.scheme!r} in {url!r}; allowed: {sorted(_URL_SCHEMES)}")
+    if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
+        raise ConfigError(f"file store URL {url!r} names a host; use file:///absolute/path")
+    if parsed.scheme == "file" and not parsed.path:
+        raise ConfigError(f"file store URL {url!r} names no directory; use file:///absolute/path")
 
 
 def open_store(spec: Any = None, *, chunk_bytes: int = 64 * 1024 * 1024) -> Store:
@@ -44,16 +61,14 @@ def open_store(spec: Any = None, *, chunk_bytes: int = 64 * 1024 * 1024) -> Stor
         chunk_bytes: largest single Redis value.
 
     Raises:
-        ConfigError: the URL scheme is unknown.
+        ConfigError: the URL cannot name a store (see :func:`check_store_url`).
         StoreError: ``spec`` is ``None`` and no default process group is initialized.
     """
     if isinstance(spec, Store):
         return spec
     if isinstance(spec, str):
-        scheme = urlparse(spec).scheme
-        if scheme not in _URL_SCHEMES:
-            raise ConfigError(f"unknown store URL scheme {scheme!r} in {spec!r}; allowed: {sorted(_URL_SCHEMES)}")
-        return _URL_SCHEMES[scheme](spec, chunk_bytes)
+        check_store_url(spec)
+        return _URL_SCHEMES[urlparse(spec).scheme](spec, chunk_bytes)
 
     from coordinator.stores.c10d import C10dStore
 
