@@ -1,77 +1,53 @@
 """Every use of a torch-private API in the coordinator lives in this module.
 
-Inductor exposes what we need only through private names: the remote-cache
-classes and their ``backend_override_cls`` hook, config switches, the default
-process group's store, the ephemeral NCCL timeout extension and the compile-end
-callback. Keeping them here means one file to check when torch moves.
+Inductor exposes what we need only through private names: the remote-cache classes and
+their ``backend_override_cls`` hook, config switches, the default process group's store,
+the ephemeral NCCL timeout extension, the compile-end callback, the FX-graph cache's
+lookup and local writes, and the Triton autotuner's tuning steps. Keeping them here
+means one file to check when torch moves.
 
-Checked against:
+Torch versions, where each ran:
 
-=========  ===========  =================================================
+=========  ===========  ==========================================================
 torch      where        notes
-=========  ===========  =================================================
-2.13.0     CPU (x86)    dev and CI machines; full test suite
-2.14.1     CPU (x86)    CUDA build run on the CPU; CI's second leg, full
-                        test suite
-2.11.0     H200, H100   device machines; GPU tier, see benchmarks/RESULTS.md
-=========  ===========  =================================================
+=========  ===========  ==========================================================
+2.13.0     CPU (x86)    dev and CI machines; the full test suite; every hook below
+                        read from its source
+2.14.1     CPU (x86)    a CUDA build run on the CPU; CI's second leg, the full suite
+2.11.0     H200, H100   device machines; the GPU tier (``tests/gpu``) and the GPU
+                        benchmarks of ``benchmarks/RESULTS.md``
+=========  ===========  ==========================================================
 
-Guards against wrong results and hangs (``rank_reads``, ``collective_switches_off``, and
-``FxGraphCache._write_to_local_cache`` in ``fx_graph_lookups``): read from 2.13.0's source
-(the rank reads of ``fx_passes/bucketing.py``, ``decomp_comms``, ``ddp_fusion``,
-``select_algorithm``, ``_logging/_internal.py``; the switches in ``config.py``) and run on
-2.13.0 here. On 2.11.0 (H100) the GPU tier's max-autotune case found torch's log formatter
-reading the rank for each record (``torch._logging``), which ``RANK_READS_IGNORED_MODULES``
-now covers.
+Hooks and the private names they use, with where they were checked beyond 2.13.0 (CPU):
 
-Added 2026-11-22 and checked on 2.13.0 (CPU) only, not yet on a GPU: keeping compile
-workers off Redis through ``TORCHINDUCTOR_REDIS_URL`` (Inductor's ``create_cache`` swallows
-the backend's construction error), and ``config.coordinate_descent_tuning`` with the
-``"found_by_coordesc"`` field of ``AutotuneCache.save``'s JSON. Also on 2.13.0 (CPU) only:
-``FxGraphCache._lookup_graph`` / ``_get_tmp_dir_for_key``, ``codecache._worker_compile_cpp`` and
-``RedisRemoteCache._get_key`` (sharing local cache hits), and the FX remote value format of
-``FxGraphCache._save_graph``.
-
-Triton tuning hooks (``triton_tuning_hooks``): ``CachingAutotuner.autotune_to_one_config``,
-``coordinate_descent_tuning``, ``recheck_autotune_cache``, ``filename``, ``inductor_meta``,
-``triton_meta["device"]``, a launcher's ``cache_hash`` and ``AutotuneCache.read_best`` read
-from 2.11.0's source on the GPU host (``benchmarks/gpu/logs-2026-11-22-c/``) and from 2.13.0's
-here. On 2.11.0 (H200) the search/descent hold, the winner's Triton entry, the
-``read_best``/``recheck_autotune_cache`` backports and the ``filename`` fix ran in the GPU tier
-(it passes). Routing the autotune cache of kernels compiled in compile workers and of
-static autotuners from FX entries (``CachingAutotuner.restore_after_unpickle``,
-``save_cache_hook``, ``recheck_autotune_cache``, ``AutotuneCache._prepare_key``/
-``_setup_remote_autotune_cache``/``remote_cache``) was read from 2.13.0's source and checked
-on 2.11.0 (``benchmarks/gpu/logs-2026-11-22-e/compat-torch211*.txt``: same signatures; the
-cache is reached only through the bound ``save_cache_hook``); it ran on 2.11.0 on 1 x H200
-(8 ranks) and in the 2-GPU tier (it passes; ``benchmarks/gpu/logs-2026-11-22-f/``), and at N=8
-on 2 GPUs followers had 0 autotune misses. Without ``_prepare_key`` the hook does nothing.
-Wrapping ``CachingAutotuner.precompile`` (a kernel's first launch compiles its configs there,
-before the search: ``run()`` in 2.11.0's source above and in 2.13.0's) was added in the
-seventh session; it ran on 2.11.0 in the eighth session's GPU tier (it passes;
-``benchmarks/gpu/logs-2026-11-22-h/``).
-
-Keeping remote FX hits in the local cache (``fx_graph_lookups``): ``FxGraphCache._write_to_local_cache``
-and the dict (``{"data": <base64>, ...}``) that the FX remote cache's ``get`` returns, read from
-2.13.0's source and run here. On 2.11.0 only indirectly: Mega-Cache's loader
-(``InductorCacheArtifact.populate_cache``) calls the same ``_write_to_local_cache``, and the
-benchmark's Mega-Cache row ran there; and a 12-layer follower's 26 remote FX hits for 6 graphs show
-that 2.11.0 does not keep remote hits itself. If the write fails, the next lookup asks the remote
-cache again, as before. It ran on 2.11.0 in the ninth session's GPU tier (all 4 cases pass;
-``benchmarks/gpu/logs-2026-11-22-i/``).
-
-Sharing a config a compile worker found in this rank's own autotune cache
-(``share_config_kept_from_cache``): ``CachingAutotuner.configs``/``compile_results``,
-``AutotuneCache.configs_hash``/``_read``, ``hash_configs`` and ``check_autotune_cache``'s
-one-config key, read from 2.13.0's source and run here against Inductor's real
-``AutotuneCache`` in a worker process; the 2.11.0 behaviour it answers (the follower's and the
-leader's extra descents) is read from 12-layer GPU job logs (eighth session; and the ninth's
-one-GPU reproducer, ``benchmarks/gpu/logs-2026-11-22-i/gpu1-large-coordesc-n2*``, where a first
-version gated on ``autotune_cache_info`` never fired). The final version ran on 2.11.0 in the
-tenth session's reproducer: the follower missed no autotune key and compiled no Triton kernel,
-and the leader shared 10 configs and did not descend them again
-(``benchmarks/gpu/logs-2026-11-23/gpu1-large-coordesc-n2*``), and in the eleventh session's GPU
-tier (all 4 cases pass; ``benchmarks/gpu/logs-2026-11-23-b/gpu-tier.log``).
+* Routing caches (``routed_remote_caches``): ``remote_cache.Remote*Cache.backend_override_cls``,
+  the ``*_remote_cache`` config switches, ``bundle_triton_into_fx_graph_cache``,
+  ``AOTAutogradCache.get_remote_cache``. GPU tier on 2.11.0.
+* Compile workers off Redis (``compile_workers_without_redis``): ``TORCHINDUCTOR_REDIS_URL``;
+  Inductor's ``create_cache`` swallows the backend's construction error. 2.13.0 only.
+* FX-graph lookups (``fx_graph_lookups``): ``FxGraphCache._lookup_graph``,
+  ``_write_to_local_cache``, ``_get_tmp_dir_for_key``, ``codecache._worker_compile_cpp``,
+  ``RedisRemoteCache._get_key`` and the FX remote value format of ``FxGraphCache._save_graph``
+  (``{"data": <base64>, ...}``). 2.11.0 does not keep remote hits in its local cache itself;
+  keeping them ran in the GPU tier on 2.11.0.
+* Triton tuning steps (``triton_tuning_hooks``, ``route_autotune_cache``,
+  ``share_config_kept_from_cache``): ``CachingAutotuner.autotune_to_one_config``,
+  ``coordinate_descent_tuning``, ``recheck_autotune_cache``, ``restore_after_unpickle``,
+  ``precompile``, ``save_cache_hook``, ``configs``/``compile_results``, ``filename``,
+  ``inductor_meta``, ``triton_meta["device"]``; ``AutotuneCache._prepare_key``,
+  ``_setup_remote_autotune_cache``, ``remote_cache``, ``configs_hash``, ``_read``,
+  ``read_best``; ``hash_configs``, ``check_autotune_cache``. Read from 2.11.0's source too;
+  the ``read_best``/``recheck_autotune_cache`` backports (pytorch#172819) apply before 2.12.
+  GPU tier on 2.11.0 (all four cases). 2.14 adds ``CachingAutotuner._could_rblock_scale``,
+  read by ``recheck_autotune_cache``.
+* Guards (``rank_reads``, ``collective_switches_off``): ``torch.distributed.get_rank``,
+  ``ProcessGroup.rank``, the rank reads of ``fx_passes/bucketing.py``, ``decomp_comms``,
+  ``ddp_fusion``, ``select_algorithm`` and ``_logging/_internal.py`` (torch's log formatter
+  reads the rank for each record: found by the GPU tier's max-autotune case on 2.11.0), and the
+  switches ``distributed_max_autotune_gemm``, ``distributed_runtime_autotune``,
+  ``aten_distributed_optimizations.spmd_check``.
+* NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``), the default store
+  (``default_c10d_store``) and compile-end callbacks (``on_compile_end``): 2.11.0 on GPUs.
 """
 
 from __future__ import annotations
