@@ -73,7 +73,7 @@ def start_self_profile(path: str):
     cmd = ["py-spy", "record", "--pid", str(os.getpid()), "--idle", "--threads", "--format", "raw",
            "--nonblocking", "--rate", "50", "--output", path]
     # py-spy writes its samples only when it stops: where a time limit will end the run
-    # (session.sh sets COLD_START_PROFILE_UNTIL), stop it before, so the samples survive.
+    # (runs.sh sets COLD_START_PROFILE_UNTIL), stop it before, so the samples survive.
     until = os.environ.get("COLD_START_PROFILE_UNTIL")
     if until:
         cmd += ["--duration", str(max(1, int(until) - int(time.time())))]
@@ -81,7 +81,8 @@ def start_self_profile(path: str):
         proc = subprocess.Popen(cmd, stdout=messages, stderr=subprocess.STDOUT)
     time.sleep(1.0)  # py-spy attaches
     if proc.poll() is not None:
-        raise SystemExit(f"py-spy could not sample rank process {os.getpid()}: {Path(path + '.log').read_text()[-2000:]}")
+        log_tail = Path(path + '.log').read_text()[-2000:]
+        raise SystemExit(f"py-spy could not sample rank process {os.getpid()}: {log_tail}")
     return proc
 
 
@@ -121,17 +122,20 @@ def main() -> None:
     import torch.nn as nn
 
     sys.path.insert(0, str(ROOT / "examples"))
+    from train import GPT
+
     import coordinator
     from coordinator.stores.c10d import C10dStore
-    from train import GPT
 
     cuda = torch.cuda.is_available()
     triton_compiles = lambda: 0  # noqa: E731  (no Triton on CPU)
     if cuda:
-        from coordinator._compat import count_triton_compiles
+        sys.path.insert(0, str(ROOT / "tests"))
+        from torch_counters import count_triton_compiles
 
         triton_compiles = count_triton_compiles()
-        torch.cuda.set_device(0 if args.emulate_gpus else int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(0 if args.emulate_gpus else local_rank % torch.cuda.device_count())
     backend = args.backend if args.backend != "auto" else ("nccl" if cuda else "gloo")
     dist.init_process_group(backend, timeout=timedelta(minutes=30))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -223,7 +227,8 @@ def main() -> None:
         "fx_misses": inductor.get("fxgraph_cache_miss", 0),
         "fx_hits": inductor.get("fxgraph_cache_hit", 0),
         "triton_compiles": triton_compiles(),
-        "autotune_benchmarks": sum(v for k, v in inductor.items() if k.startswith("benchmarking.") and k.endswith(".benchmark_gpu")),
+        "autotune_benchmarks": sum(v for k, v in inductor.items()
+                                   if k.startswith("benchmarking.") and k.endswith(".benchmark_gpu")),
         "cpu_s": cpu_seconds(),
         "moved_bytes": moved,
         "waited_s": stats.get("waited_s", 0.0),
@@ -234,8 +239,9 @@ def main() -> None:
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     if rank == 0:
-        result = {"world": world, "method": args.method, "all_done_s": max(r["step1_end"] for r in everyone) - min(r["start"] for r in everyone),
-                  "ranks": everyone, "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__}
+        all_done_s = max(r["step1_end"] for r in everyone) - min(r["start"] for r in everyone)
+        result = {"world": world, "method": args.method, "all_done_s": all_done_s, "ranks": everyone,
+                  "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__}
         if args.method == "inductor-redis":
             result["redis_bytes"] = redis_bytes(args.redis_url)
         Path(args.json).write_text(json.dumps(result))
@@ -246,7 +252,7 @@ def main() -> None:
 def compile_phases(top: int = 40) -> dict[str, list[float]]:
     """Where this process's compile time went: Dynamo's and Inductor's timed phases
     (``dynamo_timed``), name -> [seconds summed, calls], the longest first. Phases nest,
-    so they do not add up; compare one phase across runs (``benchmarks/phases.py``)."""
+    so they do not add up; compare one phase across runs (``benchmarks/tools/phases.py``)."""
     from torch._dynamo.utils import compilation_time_metrics
 
     totals = {name: [round(sum(times), 3), len(times)] for name, times in compilation_time_metrics.items()}

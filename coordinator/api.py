@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+from coordinator import session as session_module
 from coordinator.config import Config
 from coordinator.errors import CoordinatorError
 from coordinator.inductor import route_caches
@@ -33,8 +34,6 @@ from coordinator.session import Session
 
 log = logging.getLogger(__name__)
 
-_active: Session | None = None
-_last: Session | None = None
 
 
 @contextlib.contextmanager
@@ -66,7 +65,6 @@ def compile_once(
         ConfigError: a setting is invalid.
         CoordinatorError: another ``compile_once`` is already active in this process.
     """
-    global _active, _last
     config = Config.resolve(
         store=store,
         secret=secret,
@@ -78,27 +76,27 @@ def compile_once(
         chunk_bytes=chunk_bytes,
         ship_cpu_kernels=ship_cpu_kernels,
     )
-    if _active is not None:
+    if session_module.active() is not None:
         raise CoordinatorError("compile_once is already active in this process")
     session = Session(config)
-    _active = session
+    session_module.set_active(session)
     try:
         with route_caches(session):
             yield session
     finally:
         session.close()
-        _active, _last = None, session
+        session_module.set_active(None)
         log.info("%s", session.stats.summary())
 
 
 def current_session() -> Session | None:
     """The active ``compile_once`` session, or the last one to exit, if any."""
-    return _active or _last
+    return session_module.current()
 
 
 def stats() -> dict:
     """This rank's counters from the active ``compile_once``, or the last one to exit."""
-    session = _active or _last
+    session = session_module.current()
     if session is None:
         return {}
     return session.stats.as_dict()

@@ -133,8 +133,8 @@ def pack_bundle(*, secret: bytes | None = None) -> bytes:
     """
     import torch
 
-    from coordinator.api import current_session
     from coordinator.artifacts import collect_kernels
+    from coordinator.session import current as current_session
 
     saved = torch.compiler.save_cache_artifacts()
     artifacts: dict[str, bytes] = {"megacache": saved[0] if saved else b""}
@@ -272,7 +272,10 @@ def broadcast_bytes(blob: bytes | None, src: int = 0, group: Any = None) -> tupl
         return (b"" if rank != src else None), 0.0
     if not cuda:
         # gloo broadcasts CPU tensors in place; it may write into what it sends: copy.
-        host = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if rank == src else torch.empty(total, dtype=torch.uint8)
+        if rank == src:
+            host = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        else:
+            host = torch.empty(total, dtype=torch.uint8)
         for offset in range(0, total, BROADCAST_CHUNK_BYTES):
             dist.broadcast(host[offset : offset + BROADCAST_CHUNK_BYTES], src, group=group)
         return (host.numpy().tobytes() if rank != src else None), time.perf_counter() - start

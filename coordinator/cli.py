@@ -84,7 +84,8 @@ def _bundle_command(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="coordinator", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="coordinator", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     bundle = commands.add_parser("bundle", help="save, load, inspect, list and remove bundles")
     actions = bundle.add_subparsers(dest="action", required=True)
@@ -106,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     rm = actions.add_parser("rm", help="remove a bundle")
     rm.add_argument("url")
     rm.add_argument("name")
-    copy = actions.add_parser("copy", help="publish every verified bundle of one store to another (and remove it there)")
+    copy = actions.add_parser("copy",
+                              help="publish every verified bundle of one store to another (and remove it there)")
     copy.add_argument("src")
     copy.add_argument("dst")
     copy.add_argument("--keep", action="store_true", help="leave the source copies")

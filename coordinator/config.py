@@ -26,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from datetime import timedelta
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from coordinator.errors import ConfigError

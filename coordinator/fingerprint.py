@@ -34,14 +34,17 @@ def environment() -> dict[str, str]:
     """The fields that decide whether an artifact can be used here."""
     import torch
 
+    triton = _package_version("triton")
+    if triton == "none":
+        triton = _package_version("pytorch-triton")
     fields = {
         "format": str(FORMAT_VERSION),
         "torch": torch.__version__,
         "torch_git": getattr(torch.version, "git_version", "unknown"),
-        "triton": _package_version("triton") if _package_version("triton") != "none" else _package_version("pytorch-triton"),
+        "triton": triton,
         "cuda": str(torch.version.cuda),
         "hip": str(getattr(torch.version, "hip", None)),
-        "python": "%d.%d.%d" % sys.version_info[:3],
+        "python": "{}.{}.{}".format(*sys.version_info[:3]),
         "machine": platform.machine(),
         "gpu": "none",
     }

@@ -36,7 +36,8 @@ class Sealed:
     signed: bool
 
 
-def seal(key: str, payload: bytes, *, meta: dict | None = None, files: dict[str, bytes] | None = None, secret: bytes | None = None) -> bytes:
+def seal(key: str, payload: bytes, *, meta: dict | None = None, files: dict[str, bytes] | None = None,
+         secret: bytes | None = None) -> bytes:
     """Wrap ``payload`` (plus metadata and files) for storage under ``key``."""
     body = msgpack.packb(
         {"key": key, "payload": payload, "meta": meta or {}, "files": files or {}},

@@ -61,6 +61,28 @@ BLOCKING_KINDS = frozenset({"fx_graph"})
 _TIME_TAKEN = re.compile(rb'"time_taken_ms":\s*(\d+)')
 
 
+_active: Session | None = None
+_last: Session | None = None
+
+
+def active() -> Session | None:
+    """The session of the ``compile_once`` active in this process, if any."""
+    return _active
+
+
+def current() -> Session | None:
+    """The active session, or the last one to end, if any."""
+    return _active or _last
+
+
+def set_active(session: Session | None) -> None:
+    """Called by ``compile_once`` as it enters (``session``) and exits (``None``)."""
+    global _active, _last
+    if session is None and _active is not None:
+        _last = _active
+    _active = session
+
+
 def _current_rank() -> int:
     import torch.distributed as dist
 

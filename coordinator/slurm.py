@@ -101,7 +101,8 @@ class JobSettings:
         }
         if os.environ.get("PYTHONPATH"):  # where an operator installed coordinator off the default path
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        for name, value in (("COORDINATOR_RESTORE_BUNDLE", self.restore_url), ("COORDINATOR_PUSH_BUNDLE", self.push_url),
+        for name, value in (("COORDINATOR_RESTORE_BUNDLE", self.restore_url),
+                            ("COORDINATOR_PUSH_BUNDLE", self.push_url),
                             ("COORDINATOR_SECRET", self.secret), ("COORDINATOR_NODE_CACHE_DIR", self.cache_dir),
                             ("COORDINATOR_SLURM_CLEAN", "1" if self.clean else "0")):
             if value:

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from coordinator import ConfigError, StoreError, WaitTimeout, open_store
+from coordinator import ConfigError, StoreError, open_store
 from coordinator.stores.base import TimedStore
 from coordinator.stores.c10d import C10dStore
 from coordinator.stores.redis import RedisStore
@@ -109,13 +109,6 @@ def test_a_key_deleted_while_read_reads_as_absent(tcp_store):
         thread.join()
     assert set(seen) <= {None, b"beat"}
     assert b"beat" in seen and None in seen  # the reads did race the writer
-
-
-def test_wait_any(store):
-    threading.Timer(0.2, store.set, args=("late", b"1")).start()
-    assert store.wait_any(["never", "late"], timeout=timedelta(seconds=5)) == "late"
-    with pytest.raises(WaitTimeout, match="appeared in"):
-        store.wait_any(["never"], timeout=timedelta(milliseconds=100))
 
 
 def test_rejects_bad_keys(store):

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -99,7 +98,8 @@ def tuning(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "leader-node"))
     for name in ("autotune_to_one_config", "coordinate_descent_tuning"):
         monkeypatch.setattr(th.CachingAutotuner, name, getattr(StandInTuner, name))
-    monkeypatch.setattr(_compat, "_torch_before", lambda *version: False)  # no recheck backport: no CUDA here
+    # No recheck backport: no CUDA here.
+    monkeypatch.setattr(_compat.triton_tuning, "_torch_before", lambda *version: False)
     url = f"file://{tmp_path / 'store'}"
     leader = Session(Config(store=url))
     store = leader.flight().store
@@ -238,9 +238,10 @@ def test_a_kernel_is_tuned_once_and_the_next_rank_runs_its_config(tmp_path, monk
     publishes; a rank that loads the same kernel later adopts that config at its own first
     launch instead of searching. Seen on the GPU host without the routing: every follower
     tuned such kernels itself (7-25 of them at N=8)."""
-    import coordinator
     from torch._inductor.runtime import autotune_cache
     from torch._inductor.runtime import triton_heuristics as th
+
+    import coordinator
 
     def config(kwargs, num_warps, num_stages, **_):  # triton.Config, which a CPU-only host lacks
         return SimpleNamespace(kwargs=kwargs, num_warps=num_warps, num_stages=num_stages)
@@ -298,10 +299,11 @@ def test_a_config_found_in_this_ranks_cache_is_shared_under_the_key_a_loader_loo
     rank loading the entry looks the config up under the hash of that one-config list; seen
     on the GPU host (12-layer GPT, max-autotune), it missed and descended 10 kernels again,
     and the leader itself descended again too (torch 2.11's worker dropped the flag)."""
-    import coordinator
     from torch._inductor.runtime import autotune_cache
     from torch._inductor.runtime import triton_heuristics as th
     from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    import coordinator
 
     def config(kwargs, num_warps, num_stages, **_):  # triton.Config, which a CPU-only host lacks
         return SimpleNamespace(kwargs=kwargs, num_warps=num_warps, num_stages=num_stages)

@@ -38,6 +38,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch_counters import inductor_counters
 
 import coordinator
 
@@ -74,8 +76,6 @@ def count_cpp_builds() -> dict[str, int]:
     cpp_builder.CppBuilder.build = build
     return calls
 
-
-from torch._inductor.custom_graph_pass import CustomGraphPass
 
 
 class FirstCompilerPass(CustomGraphPass):
@@ -128,7 +128,8 @@ class RankBakingPass(CustomGraphPass):
 def make_model(kind: str, rank: int) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "repeated":
-        return torch.nn.Sequential(*[module for _ in range(3) for module in (torch.nn.Linear(512, 512), torch.nn.GELU())])
+        layers = [module for _ in range(3) for module in (torch.nn.Linear(512, 512), torch.nn.GELU())]
+        return torch.nn.Sequential(*layers)
     width = 32 + (8 * rank if kind == "rank_dependent" else 0)
     return torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.GELU(), torch.nn.Linear(width, 4))
 
@@ -222,7 +223,7 @@ def main() -> None:
             "ref_losses": ref_losses,
             "step_times": step_times,
             "cpp_builds": builds,
-            "inductor": coordinator._compat.inductor_counters(),
+            "inductor": inductor_counters(),
             "bundle": bundle_result,
         }
     result["stats"] = coordinator.stats()

@@ -29,11 +29,12 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "examples"))
-import coordinator  # noqa: E402
-from coordinator.bundle import broadcast_bytes, build_bundle, read_bundle  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))
+from torch_counters import count_triton_compiles  # noqa: E402
 from train import GPT  # noqa: E402
 
-from coordinator._compat import count_triton_compiles  # noqa: E402
+import coordinator  # noqa: E402
+from coordinator.bundle import broadcast_bytes, build_bundle, read_bundle  # noqa: E402
 
 triton_compiles = count_triton_compiles()
 
@@ -86,7 +87,8 @@ def main() -> None:
         out["triton_compiles"] = triton_compiles() - compiles_before
         out["autotune_benchmarks"] = sum(v for k, v in counters["inductor"].items() if k.startswith("benchmarking."))
         out["kernels_emitted"] = counters["inductor"].get("triton_bundler_read_and_emit_kernel", 0)
-        out["counters"] = {k: v for k, v in counters["inductor"].items() if "bench" in k or "autotune" in k or "coordesc" in k}
+        out["counters"] = {k: v for k, v in counters["inductor"].items()
+                           if "bench" in k or "autotune" in k or "coordesc" in k}
 
     # Synthetic bundle of >= 1 GiB vs a plain broadcast of the same number of bytes.
     n = int(args.synthetic_gb * 2**30)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from coordinator.errors import ConfigError, WaitTimeout
+from coordinator.errors import ConfigError
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9._:/-]+$")
 
@@ -62,24 +62,7 @@ class Store(abc.ABC):
         """Keys that start with ``prefix`` (for listing bundles); not every backend can."""
         raise NotImplementedError(f"{type(self).__name__} cannot list keys")
 
-    def wait_any(self, keys: list[str], timeout: timedelta, poll: timedelta = timedelta(milliseconds=50)) -> str:
-        """Block until one of ``keys`` exists and return it.
-
-        Raises:
-            WaitTimeout: none appeared within ``timeout``.
-        """
-        deadline = time.monotonic() + timeout.total_seconds()
-        delay = poll.total_seconds()
-        while True:
-            for key in keys:
-                if self.get(key) is not None:
-                    return key
-            if time.monotonic() >= deadline:
-                raise WaitTimeout(f"none of {keys} appeared in {timeout.total_seconds():.1f}s")
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
-
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - most stores hold nothing to release
         """Release connections; the store is unusable afterwards."""
 
     def __repr__(self) -> str:

@@ -25,7 +25,6 @@ from coordinator.errors import StoreError
 from coordinator.stores import chunks
 from coordinator.stores.base import Store, check_key
 
-
 #: Largest single TCPStore value we write: half the libuv server's 8 MiB message limit.
 CHUNK_BYTES = 4 * 1024 * 1024
 

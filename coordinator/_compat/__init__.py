@@ -1,0 +1,114 @@
+"""Every use of a torch-private API in the coordinator lives in this package.
+
+Inductor exposes what we need only through private names. Keeping them here means one place
+to check when torch moves; the rest of the library imports only the names re-exported below.
+
+Torch versions, where each ran:
+
+=========  ===========  ==========================================================
+torch      where        notes
+=========  ===========  ==========================================================
+2.13.0     CPU (x86)    dev and CI machines; the full test suite; every hook below
+                        read from its source
+2.14.1     CPU (x86)    a CUDA build run on the CPU; CI's second leg, the full suite
+2.11.0     H200, H100   device machines; the GPU tier (``tests/gpu``) and the GPU
+                        benchmarks of ``benchmarks/RESULTS.md``
+=========  ===========  ==========================================================
+
+One module per hook, with the private names it uses and where it ran beyond 2.13.0 (CPU):
+
+* ``caches``: routing Inductor's remote caches (``routed_remote_caches``):
+  ``remote_cache.Remote*Cache.backend_override_cls``, the ``*_remote_cache`` switches,
+  ``bundle_triton_into_fx_graph_cache``, ``AOTAutogradCache.get_remote_cache``; keeping
+  compile workers off Redis (``TORCHINDUCTOR_REDIS_URL``: Inductor's ``create_cache``
+  swallows the backend's construction error; 2.13.0 only); compile-end callbacks
+  (``callback_handler``); cache dirs. GPU tier on 2.11.0.
+* ``fx_graph``: FX-graph lookups (``fx_graph_lookups``): ``FxGraphCache._lookup_graph``,
+  ``_write_to_local_cache``, ``_get_tmp_dir_for_key``, ``codecache._worker_compile_cpp``,
+  ``RedisRemoteCache._get_key`` and the FX remote value format of ``_save_graph``
+  (``{"data": <base64>, ...}``). 2.11.0 does not keep remote hits in its local cache itself;
+  keeping them ran in the GPU tier on 2.11.0.
+* ``triton_tuning``: the autotune-hold protocol's tuning steps (``triton_tuning_hooks``,
+  ``route_autotune_cache``, ``share_config_kept_from_cache``):
+  ``CachingAutotuner.autotune_to_one_config``, ``coordinate_descent_tuning``,
+  ``recheck_autotune_cache``, ``restore_after_unpickle``, ``precompile``, ``save_cache_hook``,
+  ``configs``/``compile_results``, ``filename``, ``inductor_meta``, ``triton_meta["device"]``;
+  ``AutotuneCache._prepare_key``, ``_setup_remote_autotune_cache``, ``remote_cache``,
+  ``configs_hash``, ``_read``, ``read_best``; ``hash_configs``, ``check_autotune_cache``. Read
+  from 2.11.0's source too; the ``read_best``/``recheck_autotune_cache`` backports
+  (pytorch#172819) apply before 2.12. GPU tier on 2.11.0 (all four cases). 2.14 adds
+  ``CachingAutotuner._could_rblock_scale``, read by ``recheck_autotune_cache``.
+* ``guards``: reads of the rank (``rank_reads``: ``torch.distributed.get_rank``,
+  ``ProcessGroup.rank``; the reads of ``fx_passes/bucketing.py``, ``decomp_comms``,
+  ``ddp_fusion``, ``select_algorithm`` and ``_logging/_internal.py``, whose log formatter
+  reads the rank for each record, found by the GPU tier's max-autotune case on 2.11.0) and
+  in-compile collectives (``collective_switches_off``: ``distributed_max_autotune_gemm``,
+  ``distributed_runtime_autotune``, ``aten_distributed_optimizations.spmd_check``).
+* ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and
+  the default store (``default_c10d_store``). 2.11.0 on GPUs.
+"""
+
+from coordinator._compat.caches import (
+    INDUCTOR_EXTENDS_TIMEOUT,
+    NO_REDIS_URL,
+    REMOTE_CACHE_CLASSES,
+    TRITON_ONLY_KINDS,
+    compile_workers_without_redis,
+    default_cache_dir,
+    inductor_cache_dir,
+    on_compile_end,
+    process_compile_seconds,
+    remote_cache_backend_base,
+    routable_kinds,
+    routed_remote_caches,
+)
+from coordinator._compat.distributed import default_c10d_store, extend_nccl_timeouts, has_nccl_process_group
+from coordinator._compat.fx_graph import fx_graph_lookups, fx_graph_remote_value
+from coordinator._compat.guards import (
+    COLLECTIVE_SWITCHES,
+    RANK_READS_FOR_LOGGING,
+    RANK_READS_IGNORED_MODULES,
+    collective_switches_off,
+    rank_reads,
+)
+from coordinator._compat.triton_tuning import (
+    adopt_config,
+    defer_autotune_save,
+    kernel_autotune_cache,
+    route_autotune_cache,
+    share_config_kept_from_cache,
+    triton_cache_dir,
+    triton_tuning_hooks,
+)
+
+__all__ = [
+    "COLLECTIVE_SWITCHES",
+    "INDUCTOR_EXTENDS_TIMEOUT",
+    "NO_REDIS_URL",
+    "RANK_READS_FOR_LOGGING",
+    "RANK_READS_IGNORED_MODULES",
+    "REMOTE_CACHE_CLASSES",
+    "TRITON_ONLY_KINDS",
+    "adopt_config",
+    "collective_switches_off",
+    "compile_workers_without_redis",
+    "default_c10d_store",
+    "default_cache_dir",
+    "defer_autotune_save",
+    "extend_nccl_timeouts",
+    "fx_graph_lookups",
+    "fx_graph_remote_value",
+    "has_nccl_process_group",
+    "inductor_cache_dir",
+    "kernel_autotune_cache",
+    "on_compile_end",
+    "process_compile_seconds",
+    "rank_reads",
+    "remote_cache_backend_base",
+    "routable_kinds",
+    "route_autotune_cache",
+    "routed_remote_caches",
+    "share_config_kept_from_cache",
+    "triton_cache_dir",
+    "triton_tuning_hooks",
+]

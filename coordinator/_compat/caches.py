@@ -1,0 +1,177 @@
+"""Routing Inductor's remote caches to the coordinator, and Inductor's cache paths.
+
+Sets ``backend_override_cls`` on each ``torch._inductor.remote_cache`` class and the
+config switches that make Inductor consult them; keeps compile workers off Inductor's own
+Redis backend; calls back at the end of each compile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: coordinator cache kind -> class name in ``torch._inductor.remote_cache``.
+REMOTE_CACHE_CLASSES = {
+    "fx_graph": "RemoteFxGraphCache",
+    "autotune": "RemoteAutotuneCache",
+    "bundled_autotune": "RemoteBundledAutotuneCache",
+    "aot_autograd": "RemoteAOTAutogradCache",
+    "pgo": "RemoteDynamoPGOCache",
+}
+
+#: coordinator cache kind -> (module, attribute) switched on while routed.
+_CONFIG_SWITCHES = {
+    "fx_graph": [("torch._inductor.config", "fx_graph_remote_cache")],
+    "autotune": [("torch._inductor.config", "autotune_remote_cache")],
+    "bundled_autotune": [("torch._inductor.config", "bundled_autotune_remote_cache")],
+    "aot_autograd": [("torch._functorch.config", "enable_remote_autograd_cache")],
+    "pgo": [("torch._dynamo.config", "automatic_dynamic_remote_pgo")],
+}
+
+#: Caches of Triton kernels: their keys need a Triton backend hash, which a CPU-only
+#: process lacks (turning them on there trips an assertion in Inductor).
+TRITON_ONLY_KINDS = frozenset({"autotune", "bundled_autotune"})
+
+#: Caches on whose hits Inductor itself extends NCCL timeouts by the compile time saved
+#: (``add_ephemeral_timeout_increase_for_distributed``); on the others we do it.
+INDUCTOR_EXTENDS_TIMEOUT = frozenset({"fx_graph", "aot_autograd", "bundled_autotune"})
+
+
+def routable_kinds(kinds: tuple[str, ...]) -> list[str]:
+    """The subset of ``kinds`` that Inductor can use in this process."""
+    import torch
+
+    has_gpu = torch.cuda.is_available()
+    return [kind for kind in kinds if has_gpu or kind not in TRITON_ONLY_KINDS]
+
+
+def remote_cache_backend_base() -> type:
+    """Inductor's backend base class, ``RemoteCacheBackend``."""
+    from torch._inductor.remote_cache import RemoteCacheBackend
+
+    return RemoteCacheBackend
+
+
+def _import(module: str) -> Any:
+    import importlib
+
+    return importlib.import_module(module)
+
+
+@contextlib.contextmanager
+def routed_remote_caches(backends: dict[str, type]) -> Iterator[None]:
+    """Route the given Inductor remote caches to ``backends`` (kind -> backend class).
+
+    Sets each class's ``backend_override_cls``, turns on the matching config switches
+    and Triton bundling into FX entries; restores every previous value on exit.
+    """
+    import torch._inductor.remote_cache as remote_cache
+
+    saved: list[tuple[Any, str, Any]] = []
+
+    def set_attr(obj: Any, name: str, value: Any) -> None:
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    try:
+        for kind, backend_cls in backends.items():
+            set_attr(getattr(remote_cache, REMOTE_CACHE_CLASSES[kind]), "backend_override_cls", backend_cls)
+            for module, attr in _CONFIG_SWITCHES[kind]:
+                set_attr(_import(module), attr, True)
+        inductor_config = _import("torch._inductor.config")
+        set_attr(inductor_config, "bundle_triton_into_fx_graph_cache", True)
+        _clear_cached_remote_caches()
+        with compile_workers_without_redis() if TRITON_ONLY_KINDS & set(backends) else contextlib.nullcontext():
+            yield
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
+        _clear_cached_remote_caches()
+
+
+#: Inductor's Redis URL as compile workers see it while we route autotune caches.
+NO_REDIS_URL = "coordinator-no-remote-cache-in-compile-workers://"
+_REDIS_VARIABLES = ("TORCHINDUCTOR_REDIS_URL", "TORCHINDUCTOR_REDIS_HOST", "TORCHINDUCTOR_REDIS_PORT")
+
+
+@contextlib.contextmanager
+def compile_workers_without_redis() -> Iterator[None]:
+    """Keep Inductor's compile workers off Redis while autotune caches are routed.
+
+    Routing switches ``autotune_remote_cache`` on, and Inductor bakes that switch into
+    every Triton kernel's ``inductor_meta``. Its compile workers (subprocesses, started
+    with this process's environment) build their own autotune caches from it, without
+    our ``backend_override_cls``, so they fall back to Inductor's Redis backend. With
+    redis-py installed and no server on localhost:6379, each lookup then spends about
+    4 s in redis-py's connection retries. An invalid ``TORCHINDUCTOR_REDIS_URL`` makes
+    that backend fail at once, at construction (``create_cache`` logs it to the worker's
+    log file and goes on without a remote cache). Left alone when the user configured
+    Inductor's Redis, and only for workers started while this is active.
+    """
+    if any(name in os.environ for name in _REDIS_VARIABLES):
+        yield
+        return
+    os.environ["TORCHINDUCTOR_REDIS_URL"] = NO_REDIS_URL
+    try:
+        yield
+    finally:
+        if os.environ.get("TORCHINDUCTOR_REDIS_URL") == NO_REDIS_URL:
+            del os.environ["TORCHINDUCTOR_REDIS_URL"]
+
+
+def _clear_cached_remote_caches() -> None:
+    # AOTAutogradCache memoizes its remote cache object; drop it so the override
+    # (or its removal) takes effect on the next compile.
+    try:
+        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+        AOTAutogradCache.get_remote_cache.cache_clear()
+    except (ImportError, AttributeError):
+        log.debug("AOTAutogradCache.get_remote_cache is not memoized in this torch")
+
+
+@contextlib.contextmanager
+def on_compile_end(callback: Callable[[], None]) -> Iterator[None]:
+    """Call ``callback`` whenever an outermost torch.compile compilation ends.
+
+    Dynamo runs its end callbacks after a frame compile and after a lazy backward
+    compile, in a ``finally`` block, so this also fires when a compile fails.
+    """
+    from torch._dynamo.callback import callback_handler
+
+    def adapter(_args: Any = None) -> None:
+        callback()
+
+    callback_handler.register_end_callback(adapter)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            callback_handler.end_callbacks.remove(adapter)
+
+
+def default_cache_dir(user: str) -> str:
+    """Inductor's cache dir for ``user`` when ``TORCHINDUCTOR_CACHE_DIR`` is unset."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+
+
+def inductor_cache_dir() -> str:
+    """Inductor's local cache directory (``TORCHINDUCTOR_CACHE_DIR`` or its default)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
+
+
+def process_compile_seconds() -> float:
+    """Seconds this process spent in torch.compile: frame compiles plus lazy backward compiles."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    phases = ("_compile.compile_inner", "backward._backward_impl")
+    return float(sum(sum(compilation_time_metrics.get(phase, ())) for phase in phases))

@@ -1,0 +1,149 @@
+"""FX-graph lookups: keep remote hits in Inductor's local cache, report every hit, and
+keep rank-dependent graphs out of the local cache."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+class _RecordingRemoteCache:
+    """Inductor's remote cache, remembering what its ``get`` returned."""
+
+    def __init__(self, cache: Any) -> None:
+        self._cache = cache
+        self.value: Any = None
+
+    def get(self, key: str) -> Any:
+        self.value = self._cache.get(key)
+        return self.value
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cache, name)
+
+
+def _keep_locally(fx_cache: Any, key: str, remote_value: Any) -> None:
+    """Write an FX entry that came from the remote cache into the local one, as
+    ``InductorCacheArtifact.populate_cache`` (Mega-Cache) does: Inductor's lookup reads
+    local entries first, so the graph's next lookup (a transformer's next identical
+    layer, a recompile) loads from disk instead of asking the remote cache again."""
+    import base64
+
+    try:
+        content = base64.b64decode(remote_value["data"])
+        fx_cache._write_to_local_cache(key, content)
+    except Exception as exc:  # the next lookup then asks the remote cache again
+        log.debug("could not keep FX graph %s in the local cache: %s", key, exc)
+
+
+@contextlib.contextmanager
+def fx_graph_lookups(
+    served: Callable[[str, Callable[[], bytes | None], list[str]], None] | None = None,
+    keep_locally: Callable[[str], bool] | None = None,
+) -> Iterator[None]:
+    """Keep FX graphs from remote hits in Inductor's local cache, call
+    ``served(key, remote_value, kernel_files)`` (if given) after each FX-graph cache hit,
+    and write a graph Inductor saves to its local cache only if ``keep_locally(key)``
+    (if given; ``key`` is Inductor's own key, ``FxGraphCache._write_to_local_cache``).
+
+    Wraps ``FxGraphCache._lookup_graph``, through which both ``FxGraphCache.load`` and
+    AOTAutograd cache hits load their graphs. Inductor (2.11, 2.13) does not write an
+    entry it got from the remote cache to its local cache, so every lookup of a repeated
+    graph would go to the remote cache, and emit the graph's Triton bundle, again.
+    ``key`` is the key the remote cache's backend sees for the graph. ``remote_value()`` returns the entry as
+    Inductor's FX remote cache would store it, built from this process's local cache dir
+    when that holds exactly one entry for ``key`` (Inductor writes the same pickled bytes
+    to both), else ``None``. ``kernel_files`` are the files Inductor's C++ builders made
+    or found for the graph's kernels while it loaded (``_worker_compile_cpp`` targets:
+    ``.o`` objects and ``.so`` libraries; none on GPU, where Triton kernels are inside
+    the entry).
+    """
+    from torch._inductor import codecache
+
+    fx_cache = codecache.FxGraphCache
+    original_lookup = fx_cache.__dict__["_lookup_graph"]
+    original_write = fx_cache.__dict__["_write_to_local_cache"]
+    original_worker = codecache._worker_compile_cpp
+    recording = threading.local()
+
+    def worker_compile_cpp(*args: Any, **kwargs: Any) -> None:
+        # (lock_path, builders) on 2.13; (lock_path, builder, ...) in some earlier versions.
+        files = getattr(recording, "files", None)
+        if files is not None:
+            for arg in args[1:]:
+                for builder in arg if isinstance(arg, (list, tuple)) else [arg]:
+                    if hasattr(builder, "get_target_file_path"):
+                        files.append(builder.get_target_file_path())
+        return original_worker(*args, **kwargs)
+
+    def lookup_graph(key: str, example_inputs: Any, local: bool, remote_cache: Any, *args: Any, **kwargs: Any) -> Any:
+        outer = getattr(recording, "files", None)
+        recording.files = files = []
+        remote = _RecordingRemoteCache(remote_cache) if remote_cache else remote_cache
+        try:
+            result = original_lookup.__func__(key, example_inputs, local, remote, *args, **kwargs)
+        finally:
+            recording.files = outer
+        graph = result[0] if isinstance(result, tuple) else result  # (graph, cache info) since 2.6
+        # Local entries are read first: a remote value means the local ones missed.
+        if graph is not None and local and remote and remote.value is not None:
+            _keep_locally(fx_cache, key, remote.value)
+        if served is None:
+            return result
+        # The key our backend sees: Inductor's Redis-style remote caches format it
+        # (``pt2:fx-graph-v1::<key>:c1``). Without a remote cache there is no backend.
+        get_key = getattr(remote_cache, "_get_key", None)
+        if graph is not None and get_key is not None:
+
+            def remote_value() -> bytes | None:
+                entry = _local_fx_entry(fx_cache, key)
+                return None if entry is None else fx_graph_remote_value(entry, getattr(graph, "_time_taken_ns", None))
+
+            try:
+                served(get_key(key), remote_value, files)
+            except Exception:  # the coordinator never fails a cache hit
+                log.warning("compile_once: handling the FX cache hit for %s failed", key, exc_info=True)
+        return result
+
+    def write_to_local_cache(key: str, content: bytes) -> None:
+        if keep_locally is None or keep_locally(key):
+            original_write.__func__(key, content)
+        else:
+            log.debug("not keeping FX graph %s in the local cache", key)
+
+    fx_cache._lookup_graph = staticmethod(lookup_graph)
+    fx_cache._write_to_local_cache = staticmethod(write_to_local_cache)
+    codecache._worker_compile_cpp = worker_compile_cpp
+    try:
+        yield
+    finally:
+        fx_cache._lookup_graph = original_lookup
+        fx_cache._write_to_local_cache = original_write
+        codecache._worker_compile_cpp = original_worker
+
+
+def _local_fx_entry(fx_cache: Any, key: str) -> bytes | None:
+    subdir = fx_cache._get_tmp_dir_for_key(key)
+    try:
+        entries = os.listdir(subdir)
+    except OSError:
+        return None
+    if len(entries) != 1:  # several guarded candidates: which one hit is not known here
+        return None
+    with open(os.path.join(subdir, entries[0]), "rb") as f:
+        return f.read()
+
+
+def fx_graph_remote_value(entry: bytes, time_taken_ns: int | None) -> bytes:
+    """The bytes Inductor's FX-graph remote cache stores for a pickled local ``entry``
+    (``FxGraphCache._save_graph`` + ``RemoteCacheJsonSerde``)."""
+    import base64
+    import json
+
+    data = {"data": base64.b64encode(entry).decode("ascii"), "time_taken_ms": int((time_taken_ns or 0) // 1e6)}
+    return bytes(json.dumps(data), "ascii")

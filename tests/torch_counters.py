@@ -1,0 +1,30 @@
+"""Counters the tests and benchmarks read: Triton compiles and Inductor's own counters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def count_triton_compiles() -> Callable[[], int]:
+    """Start counting cubins that Triton compiles put into its cache (not the ones an FX
+    hit emits straight to disk); returns a function giving the count so far. For the GPU
+    tests and benchmarks."""
+    from triton.runtime.cache import FileCacheManager
+
+    original = FileCacheManager.put
+    count = [0]
+
+    def put(self: Any, data: Any, filename: str, binary: bool = True) -> Any:
+        count[0] += filename.endswith(".cubin")
+        return original(self, data, filename, binary)
+
+    FileCacheManager.put = put
+    return lambda: count[0]
+
+
+def inductor_counters() -> dict[str, int]:
+    """A copy of Inductor's counters (fxgraph_cache_hit/miss, ...)."""
+    from torch._dynamo.utils import counters
+
+    return dict(counters["inductor"])
