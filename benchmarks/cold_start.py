@@ -115,7 +115,8 @@ def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str |
         env = dict(os.environ, TMPDIR=tmp, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.setdefault("OMP_NUM_THREADS", "1")
         started = time.monotonic()
-        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout)
         if log:
             log.write_text(done.stdout)
         if done.returncode != 0 or not out.exists():
@@ -198,10 +199,10 @@ def main() -> None:
                    help="reuse the one-rank references of an earlier run's benchmarks/results/<label>.json")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="run every job under py-spy (record --subprocesses --idle) and keep the samples in DIR; "
-                        "benchmarks/profile_summary.py reads them")
+                        "benchmarks/tools/profile_summary.py reads them")
     p.add_argument("--profile-ranks", default=None, metavar="DIR",
                    help="each rank samples its own process with py-spy until step 1 ends (not its compile workers: "
-                        "less overhead than --profile), into DIR; benchmarks/profile_summary.py reads them")
+                        "less overhead than --profile), into DIR; benchmarks/tools/profile_summary.py reads them")
     p.add_argument("--job-logs", default=None, metavar="DIR",
                    help="keep each job's output (with COLD_START_LOG_LEVEL=DEBUG: the coordinator's log lines) in DIR")
     p.add_argument("job_args", nargs=argparse.REMAINDER, help="after --: model flags for cold_start_job.py")
@@ -212,7 +213,8 @@ def main() -> None:
     rows = {name: ROWS[name] for letter in args.rows for name in ROWS if name[1] == letter}  # in the order asked
     redis = Redis() if any(uses for _, uses in rows.values()) else None
     try:
-        raw: dict = {"command": "python benchmarks/cold_start.py " + " ".join(sys.argv[1:]), "references": {}, "rows": []}
+        command = "python benchmarks/cold_start.py " + " ".join(sys.argv[1:])
+        raw: dict = {"command": command, "references": {}, "rows": []}
         if args.references:
             raw["references"] = json.loads(Path(args.references).read_text())["references"]
             raw["references"]["from"] = args.references
@@ -292,7 +294,8 @@ def markdown(args, raw: dict, table: list[dict], job_args: list[str]) -> str:
         "",
         f"Machine: {raw['machine']}. Model flags: `{' '.join(job_args) or '(defaults)'}` "
         "(`benchmarks/cold_start_job.py`: the example GPT, DDP, fwd+bwd+AdamW). "
-        f"Medians of the runs listed (up to {args.repeat} per row, run in rounds). One rank compiling alone: {alone_s:.2f} s; "
+        f"Medians of the runs listed (up to {args.repeat} per row, run in rounds). "
+        f"One rank compiling alone: {alone_s:.2f} s; "
         f"step 1 with a warm local cache: {warm_s:.2f} s"
         + "".join(f"; step 1 of the ranks of an all-warm {n}-rank job: {secs:.2f} s"
                   for n, secs in raw["references"].get("warm_job_step1_s", {}).items())

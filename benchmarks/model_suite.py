@@ -17,7 +17,8 @@ included) and step 1, medians; each ÷ plain N=1, the median of each run's ratio
 median plain N=1 run of its own invocation (the same machine); FX graphs compiled summed
 over ranks (median), against plain N=1's; whether the losses were bitwise equal across the
 ranks of every run; and how far they were from the closest plain N=1 run of the same
-invocation ("equal": bit for bit; else the largest relative difference over the steps). Prints the table, writes the raw runs to
+invocation ("equal": bit for bit; else the largest relative difference over the steps). Prints the
+table, writes the raw runs to
 ``benchmarks/results/<label>.json`` and the table into ``benchmarks/RESULTS.md``.
 ``--from-json A.json B.json`` makes the table of runs saved by earlier invocations (each
 file keeps its own plain N=1 reference), for a table measured in more than one call.
@@ -58,7 +59,8 @@ def run_job(model: str, n: int, launcher: str, args: argparse.Namespace) -> dict
                               timeout=args.timeout)
         if args.job_logs:
             Path(args.job_logs).mkdir(parents=True, exist_ok=True)
-            (Path(args.job_logs) / f"{args.label}-{model}-{launcher}-n{n}-{time.time():.0f}.log").write_text(done.stdout)
+            log_name = f"{args.label}-{model}-{launcher}-n{n}-{time.time():.0f}.log"
+            (Path(args.job_logs) / log_name).write_text(done.stdout)
         if done.returncode != 0 or not out.exists():
             print(done.stdout[-4000:], file=sys.stderr)
             raise SystemExit(f"job failed: {' '.join(cmd)}")
@@ -87,7 +89,7 @@ def loss_difference(losses: list[str], reference: list[dict]) -> float:
     """0 if ``losses`` equal a plain N=1 run's bit for bit, else the smallest relative
     difference from one (its largest over the steps)."""
     def relative(a: list[str], b: list[str]) -> float:
-        return max(abs(float.fromhex(x) - float.fromhex(y)) / abs(float.fromhex(y)) for x, y in zip(a, b))
+        return max(abs(float.fromhex(x) - float.fromhex(y)) / abs(float.fromhex(y)) for x, y in zip(a, b, strict=True))
 
     return min(relative(losses, plain["ranks"][0]["losses"]) for plain in reference)
 

@@ -60,7 +60,8 @@ def build(name: str, size: dict) -> torch.nn.Module:
                                num_attention_heads=heads, intermediate_size=2 * h, max_position_embeddings=256)
         return tf.BertForMaskedLM(config)
     if name == "convnext":
-        config = tf.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[h // 4, h // 2], depths=[1, 1], num_labels=10,
+        config = tf.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[h // 4, h // 2], depths=[1, 1],
+                                   num_labels=10,
                                    image_size=size["image"])
         return tf.ConvNextForImageClassification(config)
     raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")

@@ -16,9 +16,9 @@ import argparse
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
+from train import GPT, setup_distributed  # the same small GPT as examples/train.py
 
 import coordinator
-from train import GPT, setup_distributed  # the same small GPT as examples/train.py
 
 
 def main() -> None:
@@ -46,7 +46,8 @@ def main() -> None:
             opt.zero_grad()
             print(f"rank {dist.get_rank()} step {step} loss {loss.item():.4f}", flush=True)
     stats = coordinator.stats()
-    print(f"rank {dist.get_rank()}: {stats['graphs_compiled']} graphs compiled, {stats['graphs_received']} received", flush=True)
+    print(f"rank {dist.get_rank()}: {stats['graphs_compiled']} graphs compiled, "
+          f"{stats['graphs_received']} received", flush=True)
     dist.destroy_process_group()
 
 

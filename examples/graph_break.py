@@ -14,9 +14,9 @@ import argparse
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from train import setup_distributed  # shared with examples/train.py
 
 import coordinator
-from train import setup_distributed  # shared with examples/train.py
 
 
 class TwoPart(nn.Module):
@@ -50,7 +50,8 @@ def main() -> None:
             opt.zero_grad()
             print(f"rank {dist.get_rank()} step {step} loss {loss.item():.4f}", flush=True)
     stats = coordinator.stats()
-    print(f"rank {dist.get_rank()}: {stats['graphs_compiled']} graphs compiled, {stats['graphs_received']} received", flush=True)
+    print(f"rank {dist.get_rank()}: {stats['graphs_compiled']} graphs compiled, "
+          f"{stats['graphs_received']} received", flush=True)
     dist.destroy_process_group()
 
 

@@ -127,7 +127,8 @@ def run_job(workdir: Path, world_size: int, options: dict, *, env: dict | None =
         rank_env.update(env or {})
         log = open(rankdir / "log", "w")
         procs.append((rank, rankdir, log, subprocess.Popen(
-            [sys.executable, str(WORKER), json.dumps(this_rank_options)], env=rank_env, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, str(WORKER), json.dumps(this_rank_options)], env=rank_env, stdout=log,
+            stderr=subprocess.STDOUT,
         )))
     results = []
     deadline = time.monotonic() + timeout

@@ -7,11 +7,11 @@ import os
 import msgpack
 import pytest
 import torch
+from conftest import require_success
 
 import coordinator
 from coordinator import EnvironmentMismatch, IntegrityError
 from coordinator.bundle import build_bundle, bundle_key, read_bundle
-from conftest import require_success
 
 UNIQUE_GRAPHS = 2
 NO_PCH = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}

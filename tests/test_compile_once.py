@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import require_success
 
 UNIQUE_GRAPHS = 2

@@ -36,7 +36,8 @@ def test_example_compiles_each_graph_once(tmp_path, script, args):
         received = [int(m) for m in re.findall(r"^\s+\d+\s+[\d.]+\s+\d+\s+(\d+)", result.stdout, re.M)]
         assert sum(received) == int(match.group(1)), result.stdout  # 2 ranks: the other rank's graphs
     else:
-        counts = [tuple(map(int, m)) for m in re.findall(r"rank \d: (\d+) graphs compiled, (\d+) received", result.stdout)]
+        pattern = r"rank \d: (\d+) graphs compiled, (\d+) received"
+        counts = [tuple(map(int, m)) for m in re.findall(pattern, result.stdout)]
         assert len(counts) == 2, result.stdout
         # Each graph compiled once, by whichever rank claimed it first; every rank has all.
         unique = counts[0][0] + counts[0][1]

@@ -18,7 +18,8 @@ from coordinator.session import Session
 def test_round_trip_with_and_without_secret():
     blob = seal("k", b"payload", meta={"time_taken_ms": 5}, files={"ab/x.so": b"\x7fELF"})
     sealed = open_sealed("k", blob)
-    assert (sealed.payload, sealed.meta, sealed.files, sealed.signed) == (b"payload", {"time_taken_ms": 5}, {"ab/x.so": b"\x7fELF"}, False)
+    assert (sealed.payload, sealed.meta, sealed.files, sealed.signed) == (
+        b"payload", {"time_taken_ms": 5}, {"ab/x.so": b"\x7fELF"}, False)
     signed = seal("k", b"payload", secret=b"s")
     assert open_sealed("k", signed, secret=b"s").signed
     # A reader without the secret still checks the checksum.

@@ -13,7 +13,6 @@ Each test first fills one cache dir with a one-rank job, then gives it to rank 0
 from __future__ import annotations
 
 import torch
-
 from conftest import require_success
 
 UNIQUE_GRAPHS = 2  # forward and backward

@@ -198,7 +198,8 @@ def test_prolog_with_an_unreachable_store_exits_0_and_logs(tmp_path):
     site_settings(hooks, COORDINATOR_RESTORE_BUNDLE=f"redis://127.0.0.1:{port}/0", COORDINATOR_SLURM_LOG=log_file,
                   COORDINATOR_NODE_CACHE_DIR=f"{tmp_path}/node/{{user}}", COORDINATOR_SLURM_TIMEOUT=60)
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GID": str(os.getgid()),
-           "SLURM_JOB_USER": "root", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd", "SLURM_JOB_COMMENT": "coordinator.bundle=x",
+           "SLURM_JOB_USER": "root", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
+           "SLURM_JOB_COMMENT": "coordinator.bundle=x",
            "PYTHONPATH": str(ROOT)}
     done = subprocess.run(["/bin/sh", str(hooks / "prolog.sh")], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0

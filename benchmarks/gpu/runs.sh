@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# One device call's worth of GPU measurements on the 2 x H200 host, logs and results in $OUT.
+#   bash benchmarks/gpu/runs.sh timeout   # the timeout scenario, without and with the coordinator
+#   bash benchmarks/gpu/runs.sh tier      # the GPU test tier (tests/gpu/run.sh)
+#   bash benchmarks/gpu/runs.sh n2        # cold start, N=2 (NCCL), rows $ROWS (default a d e c f)
+#   bash benchmarks/gpu/runs.sh n8        # cold start, N=8 emulated on 2 GPUs (gloo), rows $ROWS (default a d e);
+#                                            # JOB_LOGS=<dir> keeps each job's output (COLD_START_LOG_LEVEL=DEBUG: coordinator lines)
+#   bash benchmarks/gpu/runs.sh large     # cold start, N=$RANKS (default 2), the 12-layer GPT (d=768, T=512), rows $ROWS
+#                                            # (default a d e); LARGE_REFS=<results json> reuses its references;
+#                                            # MODE=max-autotune-no-cudagraphs compiles in that mode
+#   bash benchmarks/gpu/runs.sh profile8  # N=8 emulated, rows d e under py-spy: where the leader's time goes
+#   bash benchmarks/gpu/runs.sh repeated  # kernels repeated in a later graph (one GPU is enough, ~80 s): the 12-layer
+#                                            # GPT with coordinate descent, N=2 emulated, row d at DEBUG; prints the
+#                                            # follower's autotune misses and Triton compiles (want 0) and the leader's
+#                                            # "shared the cached config" lines (want about 10)
+#   ROWS=a bash benchmarks/gpu/runs.sh profile1  # one GPU, N=1, the 4-layer GPT in max-autotune-no-cudagraphs, row
+#                                            # $ROWS (a: one rank alone; d: compile_once) with each rank sampling its own
+#                                            # process (py-spy; carry its wheel: see below); then ROWS=d in the next call and
+#                                            # here: profile_summary.py A.json D.json --profiles DIR (the samples, untarred)
+#   bash benchmarks/gpu/runs.sh compile-speed  # one GPU, ~2.5 minutes: does a process under compile_once (hooks,
+#                                            # heartbeat, 457 MB in its store) compile Triton kernels slower? (states
+#                                            # in a balanced order)
+#   bash benchmarks/gpu/runs.sh recompile-probe  # one GPU, about a minute: does max-autotune compile each GEMM
+#                                            # template choice twice (precompile, then benchmark)? under which keys
+#   bash benchmarks/gpu/runs.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
+#                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>;
+#                                            # JOB_LOGS as for n8; PROFILE_RANKS=1: each rank samples its own
+#                                            # process (as in profile1), samples in $OUT/$LABEL-samples.tgz
+# ROWS=none measures only the one-rank references (saved to benchmarks/results/$LABEL.json, for
+# MAC_REFS/LARGE_REFS in a later call). n2/n8 reuse the committed references; REFS= (empty)
+# measures them again on this machine.
+# py-spy is not on the GPU host: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
+# --implementation cp --platform manylinux_2_5_x86_64 -d .whl py-spy (0.4.3 checked), and carry .whl.
+# Each step stops at BUDGET_S seconds (default 570), so that one device call (10 minutes at
+# most) returns what it measured; cold_start.py saves its table after every run, and a rank's
+# py-spy stops 20 s before then, writing its samples. Every step leaves $OUT/machine.txt (host,
+# GPU UUIDs: which calls ran on one machine) and $OUT/vmstat.log (load, CPU steal, every 5 s).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+START=$SECONDS
+left() { echo $(( ${BUDGET_S:-570} - (SECONDS - START) )); }
+# A rank sampling itself (--profile-ranks) stops py-spy at this time, so its samples are written
+# even when the step's timeout ends the run.
+export COLD_START_PROFILE_UNTIL=$(( $(date +%s) + ${BUDGET_S:-570} - 20 ))
+{ hostname; cat /etc/machine-id 2>/dev/null; nvidia-smi -L; date -u; } > "$OUT/machine.txt" 2>&1
+if command -v vmstat >/dev/null; then vmstat -t 5; else
+  while :; do echo "$(date +%T) $(cat /proc/loadavg) $(head -1 /proc/stat)"; sleep 5; done; fi > "$OUT/vmstat.log" 2>&1 &
+MONITOR=$!
+trap 'kill $MONITOR 2>/dev/null' EXIT
+SMALL="--dim 512 --seq 256 --layers 4"
+LARGE="--dim 768 --seq 512 --layers 12"
+REFS=${REFS-benchmarks/results/gpu-small-default-references.json}
+
+case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | compile-speed | recompile-probe | mac | repeated}" in
+  timeout)
+    for flag in "" --coordinator; do
+      timeout 150 python3 benchmarks/timeout_scenario.py --timeout 10 $SMALL --cold-extra-s 8 $flag \
+        --log "$OUT/timeout_scenario_gpu.log" 2>&1 | tee -a "$OUT/timeout_scenario_gpu.jsonl"
+    done
+    ;;
+  tier)
+    OUT=$OUT timeout "$(left)" bash tests/gpu/run.sh
+    ;;
+  n2)
+    label=${LABEL:-gpu-small-n2}
+    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks 2 --repeat "${REPEAT:-3}" \
+      --rows ${ROWS:-a d e c f} ${REFS:+--references "$REFS"} --out "$OUT/$label.md" -- $SMALL 2>&1 | tee "$OUT/$label.log"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    ;;
+  n8)
+    label=${LABEL:-gpu-small-n8}
+    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks 8 --repeat "${REPEAT:-3}" \
+      --rows ${ROWS:-a d e} ${REFS:+--references "$REFS"} ${JOB_LOGS:+--job-logs "$JOB_LOGS"} --out "$OUT/$label.md" \
+      -- $SMALL 2>&1 | tee "$OUT/$label.log"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    if [ -n "${JOB_LOGS:-}" ]; then tar czf "$OUT/$label-job-logs.tgz" -C "$JOB_LOGS" .; fi
+    ;;
+  large)
+    label=${LABEL:-gpu-large${MODE:+-mac}-n${RANKS:-2}}
+    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks "${RANKS:-2}" --repeat "${REPEAT:-3}" \
+      --rows ${ROWS:-a d e} ${LARGE_REFS:+--references "$LARGE_REFS"} --out "$OUT/$label.md" -- $LARGE ${MODE:+--mode "$MODE"} 2>&1 | tee "$OUT/$label.log"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    ;;
+  mac)
+    label=${LABEL:-gpu-small-mac-n${RANKS:-2}}
+    if [ -n "${PROFILE_RANKS:-}" ]; then
+      command -v py-spy >/dev/null || { echo "py-spy missing: see the top of this script"; exit 1; }
+      rm -rf /tmp/profile-ranks
+    fi
+    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks "${RANKS:-2}" --repeat "${REPEAT:-3}" \
+      --rows ${ROWS:-a d e} ${MAC_REFS:+--references "$MAC_REFS"} ${JOB_LOGS:+--job-logs "$JOB_LOGS"} \
+      ${PROFILE_RANKS:+--profile-ranks /tmp/profile-ranks} --out "$OUT/$label.md" \
+      -- $SMALL --mode max-autotune-no-cudagraphs 2>&1 | tee "$OUT/$label.log"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    if [ -n "${JOB_LOGS:-}" ]; then tar czf "$OUT/$label-job-logs.tgz" -C "$JOB_LOGS" .; fi
+    if [ -n "${PROFILE_RANKS:-}" ]; then tar czf "$OUT/$label-samples.tgz" -C /tmp/profile-ranks .; fi
+    ;;
+  repeated)
+    label=${LABEL:-gpu1-large-coordesc-n2}
+    rm -rf /tmp/jl-repeated
+    TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 COLD_START_LOG_LEVEL=DEBUG timeout "$(left)" python3 benchmarks/cold_start.py \
+      --label "$label" --gpus 1 --ranks 2 --repeat 1 --rows d --references benchmarks/results/gpu-large-n2.json \
+      --job-logs /tmp/jl-repeated --out "$OUT/$label.md" -- $LARGE 2>&1 | tee "$OUT/$label.log"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    tar czf "$OUT/$label-job-logs.tgz" -C /tmp/jl-repeated .
+    python3 - "benchmarks/results/$label.json" <<'PY' | tee -a "$OUT/$label.log"
+import json, sys
+run = json.load(open(sys.argv[1]))["rows"][0]["runs"][0]
+for r in run["ranks"]:
+    role = "leader" if r["fx_misses"] else "follower"
+    print(role, "rank", r["rank"], "FX compiles", r["fx_misses"], "Triton compiles", r["triton_compiles"],
+          "autotune", r["stats"]["by_cache"].get("autotune"))
+PY
+    echo "leader lines 'shared the cached config': $(cat /tmp/jl-repeated/*.log | grep -c 'shared the cached config')" | tee -a "$OUT/$label.log"
+    ;;
+  profile1)
+    command -v py-spy >/dev/null || { echo "py-spy missing: see the top of this script"; exit 1; }
+    label=${LABEL:-gpu1-small-mac-profile-${ROWS:-a}}
+    rm -rf /tmp/profile-ranks
+    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 1 --ranks 1 --repeat 1 --rows ${ROWS:-a} \
+      --references "${MAC_REFS:-benchmarks/results/gpu-small-mac-refs10.json}" --profile-ranks /tmp/profile-ranks \
+      --out "$OUT/$label.md" -- $SMALL --mode max-autotune-no-cudagraphs 2>&1 | tee "$OUT/$label.log"
+    python3 benchmarks/tools/profile_summary.py "benchmarks/results/$label.json" --detail "coordinator's own" \
+      --triton-stages --detail Inductor | tee "$OUT/$label-phases.md"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    tar czf "$OUT/$label-samples.tgz" -C /tmp/profile-ranks .
+    ;;
+  recompile-probe)
+    timeout "$(left)" python3 benchmarks/tools/recompile_probe.py --out "$OUT/recompile-probe.json" 2>&1 | tee "$OUT/recompile-probe.log"
+    ;;
+  compile-speed)
+    timeout "$(left)" python3 benchmarks/tools/triton_compile_speed.py --kernels 20 --rounds 4 --balanced \
+      --out "$OUT/triton-compile-speed-balanced.json" 2>&1 | tee "$OUT/triton-compile-speed-balanced.log"
+    ;;
+  profile8)
+    label=${LABEL:-gpu-small-n8-profile}
+    timeout "$(left)" python3 benchmarks/cold_start.py --label "$label" --gpus 2 --ranks 8 --repeat "${REPEAT:-2}" \
+      --rows ${ROWS:-d e} ${REFS:+--references "$REFS"} --profile "${PROFILE_DIR:-/tmp/profiles}" --out "$OUT/$label.md" \
+      -- $SMALL 2>&1 | tee "$OUT/$label.log"
+    python3 benchmarks/tools/profile_summary.py "benchmarks/results/$label.json" | tee "$OUT/$label-phases.md"
+    cp "benchmarks/results/$label.json" "$OUT/"
+    ;;
+esac
