@@ -4,7 +4,7 @@ Each model of the benchmark suite (``benchmarks/model_suite_job.py``: HuggingFac
 ``transformers`` models built from small configs, a script that never imports the
 coordinator), tiny, 2 ranks on separate cache dirs, 2 steps and then a step at a new
 shape (a recompile). Every rank needs every graph, so a rank's compiled plus received
-graphs are the job's graphs; summed over ranks, compiles must equal that count (the
+graphs are the job's distinct graphs; summed over ranks, compiles must equal that count (the
 recompile included), and the losses must be bitwise equal across ranks.
 """
 
@@ -33,8 +33,11 @@ def test_every_graph_is_compiled_once_across_ranks(model, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = json.loads(out.read_text())["ranks"]
-    needed = {rank["fx_misses"] + rank["fx_hits"] for rank in ranks}
-    assert len(needed) == 1, [(rank["fx_misses"], rank["fx_hits"]) for rank in ranks]  # same graphs on each rank
+    # The distinct graphs a rank needed: those it compiled plus those it received. A repeated
+    # graph (ConvNeXt's, Qwen's identical blocks) loads from the local cache after that and is
+    # counted by Inductor's hit counter, not here.
+    needed = {rank["stats"]["graphs_compiled"] + rank["stats"]["graphs_received"] for rank in ranks}
+    assert len(needed) == 1, [rank["stats"] for rank in ranks]  # the same graphs on each rank
     assert sum(rank["fx_misses"] for rank in ranks) == needed.pop() > 0, [rank["stats"] for rank in ranks]
     assert all(rank["losses"] == ranks[0]["losses"] for rank in ranks)
     assert all(rank["stats"]["graphs_compiled"] == rank["fx_misses"] for rank in ranks)

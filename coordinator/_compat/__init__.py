@@ -40,8 +40,9 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``CachingAutotuner._could_rblock_scale``, read by ``recheck_autotune_cache``.
 * ``guards``: reads of the rank (``rank_reads``: ``torch.distributed.get_rank``,
   ``ProcessGroup.rank``; the reads of ``fx_passes/bucketing.py``, ``decomp_comms``,
-  ``ddp_fusion``, ``select_algorithm`` and ``_logging/_internal.py``, whose log formatter
-  reads the rank for each record, found by the GPU tier's max-autotune case on 2.11.0) and
+  ``ddp_fusion``, ``select_algorithm``, ``_logging/_internal.py``, whose log formatter
+  reads the rank for each record, found by the GPU tier's max-autotune case on 2.11.0, and
+  ``_dynamo/repro/after_aot.py``, whose repro script of each graph records ranks) and
   in-compile collectives (``collective_switches_off``: ``distributed_max_autotune_gemm``,
   ``distributed_runtime_autotune``, ``aten_distributed_optimizations.spmd_check``).
 * ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and

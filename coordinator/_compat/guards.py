@@ -61,9 +61,11 @@ def collective_switches_off() -> Iterator[list[str]]:
 
 #: Modules whose reads of the rank never change a graph's code: torch.distributed's own
 #: bookkeeping, logging (torch's log formatter prefixes every record with the rank once
-#: a process group exists), the profiler, and the coordinator.
-RANK_READS_IGNORED_MODULES = ("torch.distributed", "torch._logging", "torch.profiler", "torch.utils.debug_log",
-                              "logging", "coordinator")
+#: a process group exists), the repro script Inductor writes for every graph it compiles
+#: (``save_graph_repro`` records each process group's rank), the profiler, and the
+#: coordinator.
+RANK_READS_IGNORED_MODULES = ("torch.distributed", "torch._logging", "torch._dynamo.repro", "torch.profiler",
+                              "torch.utils.debug_log", "logging", "coordinator")
 #: Reads of the rank that only decide whether to log: (module, function).
 RANK_READS_FOR_LOGGING = frozenset({
     ("torch._inductor.fx_passes.ddp_fusion", "_bucket_size_fusion"),
