@@ -18,6 +18,7 @@ caches                       COORDINATOR_CACHES              all but bundled_aut
 chunk_bytes                  COORDINATOR_CHUNK_BYTES         64 MiB
 ship_cpu_kernels             COORDINATOR_SHIP_CPU_KERNELS    true
 share_local_hits             COORDINATOR_SHARE_LOCAL_HITS    true
+split_autotune               COORDINATOR_SPLIT_AUTOTUNE      false
 ===========================  ==============================  ==========================
 """
 
@@ -51,6 +52,7 @@ _ENV = {
     "chunk_bytes": "COORDINATOR_CHUNK_BYTES",
     "ship_cpu_kernels": "COORDINATOR_SHIP_CPU_KERNELS",
     "share_local_hits": "COORDINATOR_SHARE_LOCAL_HITS",
+    "split_autotune": "COORDINATOR_SPLIT_AUTOTUNE",
 }
 
 
@@ -89,6 +91,7 @@ _PARSE_ENV = {
     "chunk_bytes": _integer,
     "ship_cpu_kernels": _flag,
     "share_local_hits": _flag,
+    "split_autotune": _flag,
 }
 
 
@@ -130,6 +133,11 @@ class Config:
     """When a rank finds an FX graph in its own local cache: publish it if no rank has,
     or wait on the store while another rank compiles it, so that a warm rank neither
     leaves cold ranks compiling nor reaches the first collective long before them."""
+
+    split_autotune: bool = False
+    """In max-autotune, let ranks that wait on the store compile and time the GEMM
+    template choices of the rank that selects (``coordinator.split_tuning``). Off by
+    default until its GPU figures show a gain (``benchmarks/RESULTS.md``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.secret, str):

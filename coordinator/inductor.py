@@ -13,7 +13,9 @@ session too (``Session.fx_graph_served``), and Triton kernels tuning at their fi
 launch too (``_compat.triton_tuning_hooks``). Reads of the rank are reported to the
 session (``_compat.rank_reads``), which never shares a graph compiled while the rank was
 read; and Inductor's switches that run collectives inside a compile are off
-(``_compat.collective_switches_off``): only one rank compiles each graph.
+(``_compat.collective_switches_off``): only one rank compiles each graph. In max-autotune
+the timing of a GEMM's choices goes through the session (``_compat.split_choice_benchmarks``),
+which shares it with the ranks that wait (``coordinator.split_tuning``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Iterator
 
 from coordinator import _compat
 from coordinator.session import Session
+from coordinator.split_tuning import WorkItem
 
 log = logging.getLogger(__name__)
 
@@ -65,5 +68,7 @@ def route_caches(session: Session) -> Iterator[None]:
         _compat.fx_graph_lookups(served, session.keep_graph_locally) if "fx_graph" in backends
         else contextlib.nullcontext(),
         _compat.triton_tuning_hooks(session.tuning_step) if tune else contextlib.nullcontext(),
+        _compat.split_choice_benchmarks(session.select_choices, WorkItem) if session.config.split_autotune
+        else contextlib.nullcontext(),
     ):
         yield

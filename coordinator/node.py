@@ -17,7 +17,7 @@ import hashlib
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from coordinator.errors import WaitTimeout
 
@@ -47,9 +47,10 @@ class NodeCache:
         os.replace(tmp, path)
 
     @contextlib.contextmanager
-    def lock(self, key: str, timeout_s: float) -> Iterator[None]:
+    def lock(self, key: str, timeout_s: float, while_waiting: Callable[[], bool] | None = None) -> Iterator[None]:
         """Hold the node-wide lock of ``key``; raises ``WaitTimeout`` past ``timeout_s``
-        (at once when ``timeout_s`` is 0 and another process holds it)."""
+        (at once when ``timeout_s`` is 0 and another process holds it). ``while_waiting``
+        is called between two tries (it returns whether it did work)."""
         path = self._path("locks", key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "a+") as f:
@@ -62,6 +63,9 @@ class NodeCache:
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
                         raise WaitTimeout(f"node lock of {key} still held after {timeout_s:.0f}s") from None
+                    if while_waiting is not None and while_waiting():
+                        delay = 0.005
+                        continue
                     time.sleep(delay)
                     delay = min(delay * 1.5, 0.2)
             try:

@@ -44,6 +44,7 @@ from coordinator.fingerprint import fingerprint
 from coordinator.integrity import open_sealed, seal
 from coordinator.node import NodeCache
 from coordinator.singleflight import LookupResult, Owner, Singleflight
+from coordinator.split_tuning import DeviceLock, SplitTuning, WorkItem
 from coordinator.stats import Stats
 from coordinator.stores import Store, open_store
 from coordinator.stores.base import TimedStore
@@ -83,6 +84,14 @@ def set_active(session: Session | None) -> None:
     _active = session
 
 
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def _current_rank() -> int:
     import torch.distributed as dist
 
@@ -116,6 +125,8 @@ class Session:
         self._compiling = threading.local()
         #: Store keys of graphs whose code depends on the rank: never published, never loaded.
         self._rank_dependent: set[str] = set()
+        #: Split autotuning (``coordinator.split_tuning``), once the store is open.
+        self._tuning: SplitTuning | None = None
 
     # -- store -------------------------------------------------------------------------
 
@@ -147,13 +158,36 @@ class Session:
         self.stats.store = store.name
         self._prefix = f"{fingerprint()}/{self.config.namespace or '_'}"
         self._check_device_index(store, rank)
-        return Singleflight(
+        flight = Singleflight(
             store,
             owner=Owner.this_process(rank),
             lease=self.config.lease,
             wait_timeout=self.config.wait_timeout,
             progress_interval=self.config.progress_interval,
         )
+        if self.config.split_autotune and _world_size() > 1:
+            self._tuning = SplitTuning(
+                store,
+                prefix=self._prefix,
+                rank=rank,
+                secret=self.config.secret,
+                device_lock=DeviceLock(_compat.device_name()),
+                reference_ms=_compat.reference_ms,
+            )
+            self.stats.tuning = self._tuning.counts
+            flight.while_waiting = self._tuning.help_once
+        return flight
+
+    def select_choices(self, selection: str, items: list[WorkItem]) -> list[float] | None:
+        """Timings of a GEMM selection's choices, split with the waiting ranks
+        (``coordinator.split_tuning``); ``None``: Inductor times them itself."""
+        if self.flight() is None or self._tuning is None:
+            return None
+        try:
+            return self._tuning.select(selection, items)
+        except Exception:  # never let the coordinator fail a compile
+            log.warning("compile_once: split autotuning failed; Inductor times the choices", exc_info=True)
+            return None
 
     def _check_device_index(self, store: Store, rank: int) -> None:
         """Warn once when ranks compile for different CUDA device indices.
@@ -193,7 +227,8 @@ class Session:
         # Waiting on the node lock is waiting too: a rank that holds a claim only tries it.
         timeout = 0.0 if flight.holds_claims() else self.config.wait_timeout.total_seconds()
         try:
-            with node.lock(key, timeout):
+            helping = self._tuning.help_once if self._tuning is not None else None
+            with node.lock(key, timeout, helping):
                 lock_wait = time.monotonic() - started
                 local = node.read(key)
                 if local is not None:

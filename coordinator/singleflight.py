@@ -53,6 +53,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import msgpack
@@ -122,6 +123,8 @@ class Singleflight:
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._broken: str | None = None
+        #: Called between two polls of a wait; returns whether it did work (split autotuning).
+        self.while_waiting: Callable[[], bool] | None = None
 
     # -- state -------------------------------------------------------------------------
 
@@ -267,6 +270,9 @@ class Singleflight:
                     key, owner, now - started, now - last_change,
                 )
                 next_progress = now + self.progress_interval
+            if self.while_waiting is not None and self.while_waiting():
+                delay = _FIRST_POLL_S
+                continue
             time.sleep(delay)
             delay = min(delay * 1.5, _MAX_POLL_S)
 

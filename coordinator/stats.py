@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import defaultdict
+from typing import Any
 
 
 @dataclasses.dataclass
@@ -45,6 +46,8 @@ class Stats:
         self.shared_from_local = 0
         self.rank_dependent = 0
         self.store = "none"
+        #: Split autotuning's counters (``coordinator.split_tuning``), when it runs.
+        self.tuning: Any = None
 
     def record_hit(self, kind: str, nbytes: int, saved_s: float, extension_s: float, kernels: int,
                    *, from_node: bool = False) -> None:
@@ -112,6 +115,7 @@ class Stats:
                 "store_calls": self.store_calls,
                 "store_s": round(self.store_s, 3),
                 "by_cache": {kind: dataclasses.asdict(c) for kind, c in sorted(self.kinds.items())},
+                "split_autotune": dataclasses.asdict(self.tuning) if self.tuning is not None else None,
             }
 
     def summary(self) -> str:
@@ -124,4 +128,15 @@ class Stats:
             f"from this node's copy); compile time saved {d['compile_time_saved_s']:.1f}s; "
             f"NCCL timeout extended by {d['timeout_extension_s']:.0f}s; rejected {d['rejected']}; "
             f"store {d['store']} ({d['store_calls']} calls, {d['store_s']:.1f}s)"
+            + self._tuning_summary(d["split_autotune"])
+        )
+
+    @staticmethod
+    def _tuning_summary(t: dict | None) -> str:
+        if not t or not (t["selections"] or t["selections_reused"] or t["items_run_for_others"]):
+            return ""
+        return (
+            f"; split autotune: {t['selections']} selections ({t['selections_reused']} reused), items "
+            f"{t['items_run_here']} run here, {t['items_received']} by other ranks, {t['items_run_for_others']} "
+            f"for other ranks, {t['backups']} re-run; blocked {t['blocked_s']:.1f}s"
         )

@@ -45,6 +45,12 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``_dynamo/repro/after_aot.py``, whose repro script of each graph records ranks) and
   in-compile collectives (``collective_switches_off``: ``distributed_max_autotune_gemm``,
   ``distributed_runtime_autotune``, ``aten_distributed_optimizations.spmd_check``).
+* ``select_algorithm``: split autotuning's hook (``split_choice_benchmarks``):
+  ``AlgorithmSelectorCache.benchmark_choices`` (classmethod: choices, ``AutotuneArgs``,
+  ``is_collective``), ``AutotuneArgs.get_benchmark_tensors``, ``ChoiceCaller.hash_key``,
+  ``TritonTemplateCaller.bmreq`` (``TritonGPUBenchmarkRequest``: ``module_path``,
+  ``module_cache_key``, ``input_tensor_meta``/``output_tensor_meta``, ``precompile``,
+  ``benchmark``), ``PyCodeCache.write``, ``benchmarker.benchmark_gpu``.
 * ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
 """
@@ -72,6 +78,13 @@ from coordinator._compat.guards import (
     collective_switches_off,
     rank_reads,
 )
+from coordinator._compat.select_algorithm import (
+    TritonTemplateRequest,
+    device_name,
+    reference_ms,
+    selection_key,
+    split_choice_benchmarks,
+)
 from coordinator._compat.triton_tuning import (
     adopt_config,
     defer_autotune_save,
@@ -90,11 +103,13 @@ __all__ = [
     "RANK_READS_IGNORED_MODULES",
     "REMOTE_CACHE_CLASSES",
     "TRITON_ONLY_KINDS",
+    "TritonTemplateRequest",
     "adopt_config",
     "collective_switches_off",
     "compile_workers_without_redis",
     "default_c10d_store",
     "default_cache_dir",
+    "device_name",
     "defer_autotune_save",
     "extend_nccl_timeouts",
     "fx_graph_lookups",
@@ -105,11 +120,14 @@ __all__ = [
     "on_compile_end",
     "process_compile_seconds",
     "rank_reads",
+    "reference_ms",
     "remote_cache_backend_base",
     "routable_kinds",
     "route_autotune_cache",
     "routed_remote_caches",
+    "selection_key",
     "share_config_kept_from_cache",
+    "split_choice_benchmarks",
     "triton_cache_dir",
     "triton_tuning_hooks",
 ]

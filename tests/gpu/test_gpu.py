@@ -6,6 +6,8 @@ over gloo.
 The follower's first step must compile nothing and build no Triton kernel, in default
 mode (static CUDA launcher on and off), max-autotune and coordinate-descent tuning; its
 cubins arrive in its Triton cache dir through the FX entry
+(in max-autotune it compiles only the GEMM template choices it times for the leader while
+it waits: split autotuning)
 (``TritonBundler.read_and_emit``); no kernel is tuned by both ranks (a kernel tunes at
 its first launch on whichever rank gets there first, and the other runs its config);
 and both ranks, running the same kernels with the same configs on the same inputs,
@@ -42,7 +44,7 @@ CASES = {
     "default-static-launcher": ("default", {"TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER": "1"}),
     "coordinate-descent": ("default", {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}),
     "default-triton-launcher": ("default", {"TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER": "0"}),
-    "max-autotune": ("max-autotune", {}),  # the longest: last
+    "max-autotune": ("max-autotune", {"COORDINATOR_SPLIT_AUTOTUNE": "1"}),  # the longest: last
 }
 
 
@@ -89,7 +91,15 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
     # The follower ran the configs the leader tuned: it found them in the store.
     assert follower["stats"]["by_cache"]["autotune"]["hits"] > 0, follower["stats"]["by_cache"]
 
-    if case == "default-triton-launcher":
+    if mode == "max-autotune":
+        # Split autotuning: the follower compiled and timed GEMM template choices of the
+        # leader's selections while it waited for the graphs; its only Triton compiles.
+        split_leader, split_follower = leader["stats"]["split_autotune"], follower["stats"]["split_autotune"]
+        assert split_leader["selections"] > 0 and split_follower["selections"] == 0, (split_leader, split_follower)
+        assert split_follower["items_run_for_others"] > 0, split_follower
+        assert 0 < split_leader["items_received"] <= split_follower["items_run_for_others"], split_leader
+        assert follower["triton_compiles"] <= 2 * split_follower["items_run_for_others"], follower["counters"]
+    elif case == "default-triton-launcher":
         # Seen on torch 2.11: without the static launcher, loading the received kernels still
         # runs some Triton compiles (25 against the leader's 32); not zero yet, but fewer.
         assert follower["triton_compiles"] < leader["triton_compiles"], follower["counters"]

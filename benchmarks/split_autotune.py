@@ -1,0 +1,145 @@
+"""Split autotuning: time until every rank finishes step 1 in max-autotune, against one stock rank.
+
+    python benchmarks/split_autotune.py --label gpu1-split --gpus 1 --rows stock:1 ours:2 ours:4 \\
+        -- --dim 512 --seq 256 --layers 4 --mode max-autotune-no-cudagraphs
+
+Rows (``kind:N``, run once each, in the order given; one invocation is one device call):
+
+* ``stock:N``: N ranks compiling alone, no coordinator (``stock:1`` is the reference every
+  ratio divides by: one stock rank alone on the same machine, in the same invocation);
+* ``ours:N``: ``compile_once`` over the job's store, split autotuning on (the default);
+* ``nosplit:N``: ``compile_once`` with ``COORDINATOR_SPLIT_AUTOTUNE=0``;
+* ``upstream:N``: no coordinator, every rank compiling with Inductor's
+  ``TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM=1``.
+
+With ``--gpus G``, N <= G runs one rank per GPU over NCCL, N > G shares the G GPUs over
+gloo (``benchmarks/cold_start_job.py``, the example GPT under DDP). Columns: all ranks done
+(s), ÷ stock:1, FX and Triton compiles summed over ranks, the items each rank ran (for its
+own selections / for other ranks'), seconds the selecting rank blocked per selection, and
+the most bytes one follower received. Rows that would not finish before ``--budget-s`` are
+skipped. Prints the table and one JSON line per run, writes the runs to
+``benchmarks/results/<label>.json`` and the table into ``benchmarks/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cold_start import ROOT, fmt_bytes, machine, run_job, write_section  # noqa: E402
+
+KINDS = {  # kind -> (cold_start_job method, extra environment)
+    "stock": ("alone", {}),
+    "ours": ("compile-once", {"COORDINATOR_SPLIT_AUTOTUNE": "1"}),
+    "nosplit": ("compile-once", {"COORDINATOR_SPLIT_AUTOTUNE": "0"}),
+    "upstream": ("alone", {"TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM": "1"}),
+}
+
+
+def summarize(row: str, run: dict, reference_s: float | None) -> dict:
+    ranks = run["ranks"]
+    split = [r["stats"].get("split_autotune") or {} for r in ranks]
+    selecting = [s for s in split if s.get("selections")]
+    followers = [r for r in ranks if not r["fx_misses"]]
+    return {
+        "row": row,
+        "all_done_s": round(run["all_done_s"], 2),
+        "ratio": round(run["all_done_s"] / reference_s, 3) if reference_s else None,
+        "fx_compiles": sum(r["fx_misses"] for r in ranks),
+        "triton_compiles": sum(r["triton_compiles"] for r in ranks),
+        "items_here": [s.get("items_run_here", 0) for s in split],
+        "items_for_others": [s.get("items_run_for_others", 0) for s in split],
+        "selections": sum(s.get("selections", 0) for s in selecting),
+        "blocked_s_per_selection": round(sum(s["blocked_s"] for s in selecting)
+                                         / max(1, sum(s["selections"] for s in selecting)), 3),
+        "follower_bytes": max((r["stats"].get("bytes_received", 0) for r in followers if r["stats"]), default=0),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--label", required=True)
+    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--rows", nargs="+", default=["stock:1", "ours:2"])
+    p.add_argument("--budget-s", type=float, default=560, help="skip rows that would not end before this")
+    p.add_argument("--job-logs", default=None, metavar="DIR", help="keep each job's output in DIR")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
+    p.add_argument("job_args", nargs=argparse.REMAINDER, help="after --: model flags for cold_start_job.py")
+    args = p.parse_args()
+    job_args = [a for a in args.job_args if a != "--"]
+    rows = []
+    for spec in args.rows:
+        kind, _, n = spec.partition(":")
+        if kind not in KINDS or not n.isdigit():
+            p.error(f"rows are kind:N with kind in {sorted(KINDS)}: {spec}")
+        rows.append((spec, kind, int(n)))
+    started = time.monotonic()
+    reference_s = None
+    raw = {"command": "python benchmarks/split_autotune.py " + " ".join(sys.argv[1:]), "runs": [], "skipped": []}
+    table = []
+    for spec, kind, n in rows:
+        left = args.budget_s - (time.monotonic() - started)
+        if left < 30:
+            raw["skipped"].append(spec)
+            print(f"{spec}: skipped ({left:.0f}s of the budget left)", flush=True)
+            continue
+        method, env = KINDS[kind]
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            log = Path(args.job_logs) / f"{args.label}-{kind}-{n}.log" if args.job_logs else None
+            if log:
+                log.parent.mkdir(parents=True, exist_ok=True)
+            run = run_job(n, method, job_args, gpus=args.gpus, timeout=left, log=log)
+        except Exception as exc:  # a row past the budget or failing: keep the others
+            raw["skipped"].append(spec)
+            print(f"{spec}: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        if spec == "stock:1":
+            reference_s = run["all_done_s"]
+        row = summarize(spec, run, reference_s)
+        table.append(row)
+        raw["runs"].append({**row, "run": run})
+        print(json.dumps(row), flush=True)
+        raw["machine"] = machine(args.gpus)
+        (ROOT / "benchmarks" / "results" / f"{args.label}.json").write_text(json.dumps(raw, indent=1))
+    section = markdown(args.label, raw, table, job_args)
+    print(section)
+    write_section(Path(args.out), args.label, section)
+
+
+def markdown(label: str, raw: dict, table: list[dict], job_args: list[str]) -> str:
+    lines = [
+        f"#### Run `{label}` ({time.strftime('%Y-%m-%d')})",
+        "",
+        f"Command: `{raw['command']}`",
+        "",
+        f"Machine: {raw.get('machine', '?')}. Model flags: `{' '.join(job_args)}`. One run per row."
+        + (f" Skipped (budget): {', '.join(raw['skipped'])}." if raw["skipped"] else ""),
+        "",
+        "| row | all ranks done step 1 (s) | ÷ stock:1 | FX compiles | Triton compiles | items run per rank "
+        "(own / for others) | selections | selecting rank blocked per selection (s) | bytes a follower received |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}×"
+        items = ", ".join(f"{a}/{b}" for a, b in zip(r["items_here"], r["items_for_others"], strict=True))
+        lines.append(f"| {r['row']} | {r['all_done_s']:.2f} | {ratio} | {r['fx_compiles']} | {r['triton_compiles']} | "
+                     f"{items} | {r['selections']} | {r['blocked_s_per_selection']:.2f} | "
+                     f"{fmt_bytes(r['follower_bytes'])} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
