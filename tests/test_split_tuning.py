@@ -249,8 +249,8 @@ def test_inductor_selections_go_through_the_store_and_a_later_rank_reuses_them(t
     itself (FX graphs not shared here), reuses the merged timings and times nothing."""
     results = []
     for rank in (0, 1):
-        env = dict(os.environ, COORDINATOR_SPLIT_AUTOTUNE="1", WORLD_SIZE="2", RANK=str(rank), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"cache{rank}"),
-                   TMPDIR=str(tmp_path))
+        env = dict(os.environ, COORDINATOR_SPLIT_AUTOTUNE="1", WORLD_SIZE="2", RANK=str(rank),
+                   TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"cache{rank}"), TMPDIR=str(tmp_path))
         done = subprocess.run([sys.executable, "-c", SELECTING_SCRIPT, f"file://{tmp_path / 'store'}"],
                               env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -282,4 +282,4 @@ def test_timings_on_one_device_take_turns(tmp_path, monkeypatch):
         t.join(10)
     intervals.sort()
     assert len(intervals) == 3
-    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(intervals, intervals[1:]))
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(intervals, intervals[1:], strict=False))

@@ -2,7 +2,10 @@
 
 The singleflight protocol needs only five operations from a store: read a value,
 write a value, delete, an atomic *create-if-absent* (the claim), and waiting for a
-key. Keys are short ASCII paths (``[A-Za-z0-9._:/-]``); values are bytes. Backends
+key. Waiting is :meth:`Store.watch`: a backend with a blocking primitive (the c10d
+store's server-side ``wait``, Redis publish/subscribe) wakes the waiter when the key is
+written with :meth:`Store.signal`; the others poll. Keys are short ASCII paths
+(``[A-Za-z0-9._:/-]``); values are bytes. Backends
 raise :class:`~coordinator.errors.StoreError` for any transport failure, so the
 caller can fall back to compiling locally.
 """
@@ -10,9 +13,10 @@ caller can fall back to compiling locally.
 from __future__ import annotations
 
 import abc
+import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 from coordinator.errors import ConfigError
@@ -62,11 +66,52 @@ class Store(abc.ABC):
         """Keys that start with ``prefix`` (for listing bundles); not every backend can."""
         raise NotImplementedError(f"{type(self).__name__} cannot list keys")
 
+    def signal(self, key: str, value: bytes) -> None:
+        """Write a small, write-once ``value`` under ``key`` and wake whoever watches it
+        (:meth:`watch`)."""
+        self.set(key, value)
+
+    @contextlib.contextmanager
+    def watch(self, prefix: str) -> Iterator[Watch]:
+        """Wait for keys under ``prefix`` written with :meth:`signal`. This default polls."""
+        yield PollingWatch(self)
+
     def close(self) -> None:  # noqa: B027 - most stores hold nothing to release
         """Release connections; the store is unusable afterwards."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
+
+
+class Watch(abc.ABC):
+    """Waits for signalled keys under one prefix (see :meth:`Store.watch`)."""
+
+    #: Whether a wait blocks on the server (True) or polls the key (False).
+    blocking: bool = False
+
+    @abc.abstractmethod
+    def wait(self, key: str, timeout_s: float) -> bytes | None:
+        """The value of ``key`` once it exists, or ``None`` after ``timeout_s`` seconds."""
+
+
+class PollingWatch(Watch):
+    """Reads the key with a growing pause (10 to 200 ms) between reads."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def wait(self, key: str, timeout_s: float) -> bytes | None:
+        deadline = time.monotonic() + timeout_s
+        delay = 0.01
+        while True:
+            value = self.store.get(key)
+            if value is not None:
+                return value
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(delay, left))
+            delay = min(delay * 1.5, 0.2)
 
 
 class TimedStore(Store):
@@ -104,8 +149,25 @@ class TimedStore(Store):
     def list_keys(self, prefix: str) -> list[str]:
         return self._timed(self.inner.list_keys, prefix)
 
+    def signal(self, key: str, value: bytes) -> None:
+        self._timed(self.inner.signal, key, value)
+
+    @contextlib.contextmanager
+    def watch(self, prefix: str) -> Iterator[Watch]:
+        with self.inner.watch(prefix) as inner:
+            yield _TimedWatch(inner, self._timed)
+
     def close(self) -> None:
         self.inner.close()
 
     def __repr__(self) -> str:
         return f"<TimedStore {self.inner!r}>"
+
+
+class _TimedWatch(Watch):
+    def __init__(self, inner: Watch, timed: Callable) -> None:
+        self.inner, self._timed = inner, timed
+        self.blocking = inner.blocking
+
+    def wait(self, key: str, timeout_s: float) -> bytes | None:
+        return self._timed(self.inner.wait, key, timeout_s)

@@ -17,13 +17,15 @@ between chunks so heartbeats go on.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 from coordinator.errors import StoreError
 from coordinator.stores import chunks
-from coordinator.stores.base import Store, check_key
+from coordinator.stores.base import PollingWatch, Store, Watch, check_key
 
 #: Largest single TCPStore value we write: half the libuv server's 8 MiB message limit.
 CHUNK_BYTES = 4 * 1024 * 1024
@@ -38,6 +40,7 @@ class C10dStore(Store):
         self._store = store
         self._prefix = prefix
         self._lock = threading.Lock()
+        self._waiters = threading.local()  # a second client per thread, for blocking waits
 
     def _call(self, what: str, fn, *args):
         try:
@@ -90,8 +93,44 @@ class C10dStore(Store):
         current = self._call("compare_set", self._store.compare_set, full, b"", chunks.RAW + value)
         return bytes(current) == chunks.RAW + value
 
+    def signal(self, key: str, value: bytes) -> None:
+        full = self._prefix + check_key(key)
+        self._call("compare_set", self._store.compare_set, full, b"", chunks.RAW + value)
+
+    @contextlib.contextmanager
+    def watch(self, prefix: str) -> Iterator[Watch]:
+        waiter = getattr(self._waiters, "client", None)
+        if waiter is None and hasattr(self._store, "clone"):
+            # A wait blocks its connection: give it its own, so that this process's other
+            # store calls (torch.distributed's too, on the job's store) never queue behind it.
+            waiter = self._waiters.client = self._call("clone", self._store.clone)
+        yield _C10dWatch(self, waiter) if waiter is not None else PollingWatch(self)
+
     def delete(self, key: str) -> None:
         full = self._prefix + check_key(key)
         old = self._read(full)
         self._call("delete", self._store.delete_key, full)
         self._delete_chunks(full, old)
+
+
+class _C10dWatch(Watch):
+    """The c10d store's server-side ``wait`` on a client of its own."""
+
+    blocking = True
+
+    def __init__(self, store: C10dStore, client: Any) -> None:
+        self.store, self.client = store, client
+
+    def wait(self, key: str, timeout_s: float) -> bytes | None:
+        full = self.store._prefix + check_key(key)
+        try:
+            self.client.wait([full], timedelta(seconds=max(timeout_s, 0.001)))
+        except Exception as exc:
+            if "timeout" in str(exc).lower():
+                return None
+            raise StoreError(f"torch.distributed store wait failed: {exc}") from exc
+        try:
+            head = bytes(self.client.get(full))
+        except Exception as exc:
+            raise StoreError(f"torch.distributed store get failed: {exc}") from exc
+        return chunks.join(key, head, lambda upload_id, n: [None] * n) if head else None

@@ -10,11 +10,15 @@ is chosen.
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 from coordinator.errors import StoreError
 from coordinator.stores import chunks
-from coordinator.stores.base import Store, check_key
+from coordinator.stores.base import Store, Watch, check_key
 
 
 class RedisStore(Store):
@@ -101,5 +105,60 @@ class RedisStore(Store):
         old = self._run("GETDEL", self._client.getdel, self._key(key))
         self._delete_chunks(key, old)
 
+    def signal(self, key: str, value: bytes) -> None:
+        import msgpack
+
+        self._run("SET", self._client.set, self._key(key), chunks.RAW + value)
+        channel, _, name = self._key(key).rpartition("/")
+        self._run("PUBLISH", self._client.publish, channel, msgpack.packb([name, value]))
+
+    @contextlib.contextmanager
+    def watch(self, prefix: str) -> Iterator[Watch]:
+        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        channel = self._key(prefix).rstrip("/")
+        self._run("SUBSCRIBE", pubsub.subscribe, channel)
+        try:
+            yield _RedisWatch(self, pubsub, prefix.rstrip("/"))
+        finally:
+            with contextlib.suppress(*self._redis_errors):
+                pubsub.unsubscribe()
+                pubsub.close()
+
     def close(self) -> None:
         self._client.close()
+
+
+class _RedisWatch(Watch):
+    """Signals arrive as messages on the prefix's channel; a key is read from the store
+    only until the first one that does not exist yet (later ones come as messages)."""
+
+    blocking = True
+
+    def __init__(self, store: RedisStore, pubsub: Any, prefix: str) -> None:
+        self.store, self.pubsub, self.prefix = store, pubsub, prefix
+        self.seen: dict[str, bytes] = {}
+        self.live = False
+
+    def wait(self, key: str, timeout_s: float) -> bytes | None:
+        import msgpack
+
+        name = key.rpartition("/")[2]
+        if name in self.seen:
+            return self.seen[name]
+        if not self.live:
+            value = self.store.get(key)
+            if value is not None:
+                return value
+            self.live = True  # subscribed before this read: anything later is a message
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            message = self.store._run("message", self.pubsub.get_message, timeout=left)
+            if message is None or message.get("type") != "message":
+                continue
+            got, value = msgpack.unpackb(message["data"])
+            self.seen[got] = value
+            if got == name:
+                return value
