@@ -15,10 +15,10 @@ import pytest
 from coordinator.singleflight import Owner, Singleflight
 from coordinator.stores.base import TimedStore
 
-CLAIMANT = """
+CLAIMANT = f"""
 import sys, time, json
 from datetime import timedelta
-sys.path.insert(0, {tests!r})
+sys.path.insert(0, {str(Path(__file__).parent)!r})
 from split_tuning_proc import open_test_store
 from coordinator.singleflight import Owner, Singleflight
 spec = json.loads(sys.argv[1])
@@ -35,7 +35,7 @@ else:
     time.sleep(600)  # killed by the test
 print("done", flush=True)
 time.sleep(0.5)
-""".format(tests=str(Path(__file__).parent))
+"""
 
 
 @pytest.fixture(params=["c10d", "redis", "file"])
