@@ -23,10 +23,10 @@ collective) until one of four things happens:
   create claim ``gen + 1``; exactly one succeeds and computes, the others follow it;
 * the configured deadline passes: they compute locally.
 
-Waiters block on the claimant's next signal where the store can (the c10d store's
-``wait``, Redis publish/subscribe; the directory store polls), so an idle waiter costs
-the store about two calls per heartbeat, and a value reaches it as soon as it is
-published. Waiters log a progress line every ``progress_interval``. Liveness is judged by each
+With ``signalled_waits``, waiters block on the claimant's next signal where the store
+can (the c10d store's ``wait``, Redis publish/subscribe; the directory store polls), so an
+idle waiter costs the store about two calls per heartbeat; the claimant signals either way.
+Waiters log a progress line every ``progress_interval``. Liveness is judged by each
 waiter's own monotonic clock watching the heartbeat change, so no clock
 synchronization between hosts is needed.
 
@@ -119,11 +119,12 @@ class Singleflight:
         lease: timedelta,
         wait_timeout: timedelta,
         progress_interval: timedelta,
-        signalled_waits: bool = True,
+        signalled_waits: bool = False,
     ) -> None:
         self.store = store
         #: Wait on the claimant's signals (heartbeats, end) where the store can block;
-        #: False polls the value, the abandon marker and the heartbeat instead.
+        #: False (the default, until ``benchmarks/store_scale.py`` shows them no later than
+        #: polling at every N) polls the value, the abandon marker and the heartbeat.
         self.signalled_waits = signalled_waits
         self.owner = owner
         self.lease = lease.total_seconds()
@@ -347,8 +348,7 @@ class Singleflight:
         with claim.lock:
             claim.ended = True
             beat = claim.beats + 1
-        if self.signalled_waits:
-            self.store.signal(f"w/{key}/{claim.gen}/{beat}", b"end")
+        self.store.signal(f"w/{key}/{claim.gen}/{beat}", b"end")
 
     def publish(self, key: str, value: bytes) -> bool:
         """Store ``key``'s value and release this process's claim on it.
@@ -426,8 +426,7 @@ class Singleflight:
                             continue
                         claim.beats += 1
                         self.store.set(f"h/{key}/{claim.gen}", msgpack.packb([claim.beats, time.time()]))
-                        if self.signalled_waits:
-                            self.store.signal(f"w/{key}/{claim.gen}/{claim.beats}", b"beat")
+                        self.store.signal(f"w/{key}/{claim.gen}/{claim.beats}", b"beat")
                 except StoreError as exc:
                     log.debug("heartbeat for %s failed: %s", key, exc)
 

@@ -23,7 +23,7 @@ from split_tuning_proc import open_test_store
 from coordinator.singleflight import Owner, Singleflight
 spec = json.loads(sys.argv[1])
 f = Singleflight(open_test_store(spec["store"]), owner=Owner.this_process(9), lease=timedelta(seconds=spec["lease"]),
-                 wait_timeout=timedelta(seconds=30), progress_interval=timedelta(seconds=30))
+                 wait_timeout=timedelta(seconds=30), progress_interval=timedelta(seconds=30), signalled_waits=True)
 assert f.lookup("k", blocking=True).outcome == "claimed"
 print("claimed", flush=True)
 time.sleep(spec["hold"])
@@ -60,7 +60,8 @@ def waiter(url: str, calls: list, *, lease: float = 1.0, wait_timeout: float = 3
 
     store = TimedStore(open_test_store(url), lambda seconds: calls.append(seconds))
     return Singleflight(store, owner=Owner.this_process(1), lease=timedelta(seconds=lease),
-                        wait_timeout=timedelta(seconds=wait_timeout), progress_interval=timedelta(seconds=30))
+                        wait_timeout=timedelta(seconds=wait_timeout), progress_interval=timedelta(seconds=30),
+                        signalled_waits=True)
 
 
 def test_a_signalled_wait_ends_when_the_value_is_published(store_spec):
