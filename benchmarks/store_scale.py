@@ -17,8 +17,9 @@ reads a poll, 10 to 200 ms apart), for the before/after comparison.
 One JSON line per run: ``nodes``, ``store``, ``waits``, ``p50_ms``/``p99_ms``/``max_ms``
 (publish to each waiter's return), ``ops_per_waiter_s`` (store calls a waiting leader made
 per second of waiting, over graph 1's waits: a lease and more, the idle load),
-``ops_per_s`` (all calls), ``server_cpu`` (server CPU-s per second of the run), ``takeover_s`` (victim killed to a leader's claim), ``timeouts`` (waits
-that hit their deadline), ``wrong_takeovers`` (a graph claimed by more than one leader),
+``ops_per_s`` (all calls), ``server_cpu`` (server CPU-s per second of the run),
+``takeover_s`` (victim killed to a leader's claim), ``timeouts`` (waits that hit their
+deadline), ``wrong_takeovers`` (a graph claimed by more than one leader),
 ``store_mem_mb`` (server memory growth, after the job), ``duration_s``. ``--sweep`` also
 writes ``benchmarks/results/store-scale.json``, ``benchmarks/store_scale.png`` and the
 table into ``benchmarks/RESULTS.md``.
