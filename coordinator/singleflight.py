@@ -266,29 +266,33 @@ class Singleflight:
             beat = self.store.get(f"h/{key}/{gen}")
             if beat != last_beat:
                 last_beat, last_change = beat, now
-            if now - last_change > self.lease:
-                log.warning(
-                    "lease of %s on %s expired (no heartbeat for %.1fs); taking over",
-                    owner, key, now - last_change,
-                )
-                return "expired", None
-            if now - started > self.wait_timeout:
-                log.warning(
-                    "waited %.0fs for %s held by %s, past the %.0fs deadline; compiling locally",
-                    now - started, key, owner, self.wait_timeout,
-                )
-                return "deadline", None
-            if now >= next_progress:
-                log.info(
-                    "waiting for %s: held by %s, waited %.0fs, last heartbeat %.1fs ago",
-                    key, owner, now - started, now - last_change,
-                )
-                next_progress = now + self.progress_interval
+            ended, next_progress = self._judge(key, owner, started, last_change, next_progress, now)
+            if ended:
+                return ended, None
             if self.while_waiting is not None and self.while_waiting():
                 delay = _FIRST_POLL_S
                 continue
             time.sleep(delay)
             delay = min(delay * 1.5, _MAX_POLL_S)
+
+    def _judge(self, key: str, owner: str, started: float, last_change: float, next_progress: float,
+               now: float) -> tuple[str | None, float]:
+        """How a wait that has seen no value ends now ("expired": no heartbeat for a lease;
+        "deadline"), or ``None``; logs the progress line when due. Returns the outcome and
+        when the next progress line is due."""
+        if now - last_change > self.lease:
+            log.warning("lease of %s on %s expired (no heartbeat for %.1fs); taking over",
+                        owner, key, now - last_change)
+            return "expired", next_progress
+        if now - started > self.wait_timeout:
+            log.warning("waited %.0fs for %s held by %s, past the %.0fs deadline; compiling locally",
+                        now - started, key, owner, self.wait_timeout)
+            return "deadline", next_progress
+        if now >= next_progress:
+            log.info("waiting for %s: held by %s, waited %.0fs, last heartbeat %.1fs ago",
+                     key, owner, now - started, now - last_change)
+            next_progress = now + self.progress_interval
+        return None, next_progress
 
     def _wait_on_signals(self, key: str, gen: int, started: float, published: str,
                          owner: str) -> tuple[str, bytes | None]:
@@ -312,24 +316,9 @@ class Singleflight:
                         return "abandoned", None
                     check = False
                 now = time.monotonic()
-                if now - last_change > self.lease:
-                    log.warning(
-                        "lease of %s on %s expired (no heartbeat for %.1fs); taking over",
-                        owner, key, now - last_change,
-                    )
-                    return "expired", None
-                if now - started > self.wait_timeout:
-                    log.warning(
-                        "waited %.0fs for %s held by %s, past the %.0fs deadline; compiling locally",
-                        now - started, key, owner, self.wait_timeout,
-                    )
-                    return "deadline", None
-                if now >= next_progress:
-                    log.info(
-                        "waiting for %s: held by %s, waited %.0fs, last heartbeat %.1fs ago",
-                        key, owner, now - started, now - last_change,
-                    )
-                    next_progress = now + self.progress_interval
+                ended, next_progress = self._judge(key, owner, started, last_change, next_progress, now)
+                if ended:
+                    return ended, None
                 if self.while_waiting is not None and self.while_waiting():
                     check = True
                     continue
