@@ -19,6 +19,7 @@ chunk_bytes                  COORDINATOR_CHUNK_BYTES         64 MiB
 ship_cpu_kernels             COORDINATOR_SHIP_CPU_KERNELS    true
 share_local_hits             COORDINATOR_SHARE_LOCAL_HITS    true
 split_autotune               COORDINATOR_SPLIT_AUTOTUNE      false
+signalled_waits              COORDINATOR_SIGNALLED_WAITS     true
 ===========================  ==============================  ==========================
 """
 
@@ -53,6 +54,7 @@ _ENV = {
     "ship_cpu_kernels": "COORDINATOR_SHIP_CPU_KERNELS",
     "share_local_hits": "COORDINATOR_SHARE_LOCAL_HITS",
     "split_autotune": "COORDINATOR_SPLIT_AUTOTUNE",
+    "signalled_waits": "COORDINATOR_SIGNALLED_WAITS",
 }
 
 
@@ -92,6 +94,7 @@ _PARSE_ENV = {
     "ship_cpu_kernels": _flag,
     "share_local_hits": _flag,
     "split_autotune": _flag,
+    "signalled_waits": _flag,
 }
 
 
@@ -138,6 +141,11 @@ class Config:
     """In max-autotune, let ranks that wait on the store compile and time the GEMM
     template choices of the rank that selects (``coordinator.split_tuning``). Off by
     default until its GPU figures show a gain (``benchmarks/RESULTS.md``)."""
+
+    signalled_waits: bool = True
+    """Waiting ranks block on the claimant's heartbeat and end signals (the c10d store's
+    server-side ``wait``, Redis publish/subscribe) instead of polling the store; the
+    directory store polls either way. False polls (three reads every 10 to 200 ms)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.secret, str):

@@ -164,6 +164,7 @@ class Session:
             lease=self.config.lease,
             wait_timeout=self.config.wait_timeout,
             progress_interval=self.config.progress_interval,
+            signalled_waits=self.config.signalled_waits,
         )
         if self.config.split_autotune and _world_size() > 1:
             self._tuning = SplitTuning(

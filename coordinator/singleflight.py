@@ -9,7 +9,8 @@ For every key the store holds at most these entries::
     h/<key>/<gen>    the claimant's heartbeat (a counter it bumps every lease/4)
     a/<key>/<gen>    "abandoned": the claimant finished without publishing
     w/<key>/<gen>/<n>  the claimant's signals: "beat" at its n-th heartbeat, "end" once
-                     it published or abandoned (what waiters block on)
+                     it published or abandoned, "moved" when claim <gen + 1> took it
+                     over (what waiters block on)
 
 :meth:`Singleflight.lookup` returns the value if it is published. Otherwise it
 tries to create claim 0; the rank that succeeds gets ``None`` back, computes the
@@ -26,6 +27,9 @@ collective) until one of four things happens:
 With ``signalled_waits``, waiters block on the claimant's next signal where the store
 can (the c10d store's ``wait``, Redis publish/subscribe; the directory store polls), so an
 idle waiter costs the store about two calls per heartbeat; the claimant signals either way.
+A signalled waiter judges a lapsed lease at a random point of the lease's first tenth
+beyond it, and whoever takes the claim over signals "moved" on the old claim: the
+waiters of a dead claimant follow the taker at once instead of all timing out together.
 Waiters log a progress line every ``progress_interval``. Liveness is judged by each
 waiter's own monotonic clock watching the heartbeat change, so no clock
 synchronization between hosts is needed.
@@ -55,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -119,12 +124,11 @@ class Singleflight:
         lease: timedelta,
         wait_timeout: timedelta,
         progress_interval: timedelta,
-        signalled_waits: bool = False,
+        signalled_waits: bool = True,
     ) -> None:
         self.store = store
-        #: Wait on the claimant's signals (heartbeats, end) where the store can block;
-        #: False (the default, until ``benchmarks/store_scale.py`` shows them no later than
-        #: polling at every N) polls the value, the abandon marker and the heartbeat.
+        #: Wait on the claimant's signals (heartbeats, end, moved) where the store can
+        #: block; False polls the value, the abandon marker and the heartbeat.
         self.signalled_waits = signalled_waits
         self.owner = owner
         self.lease = lease.total_seconds()
@@ -137,6 +141,11 @@ class Singleflight:
         self._broken: str | None = None
         #: Called between two polls of a wait; returns whether it did work (split autotuning).
         self.while_waiting: Callable[[], bool] | None = None
+        if signalled_waits:
+            try:
+                store.prepare_watch()
+            except StoreError as exc:
+                self._fail(exc)
 
     # -- state -------------------------------------------------------------------------
 
@@ -235,8 +244,19 @@ class Singleflight:
             self._claims[key] = _Claim(gen, time.time())
         self.store.set(f"h/{key}/{gen}", msgpack.packb([0, time.time()]))
         self._ensure_heartbeat()
+        if gen > 0:
+            self._signal_moved(key, gen - 1)
         log.debug("claimed %s (generation %d)", key, gen)
         return True
+
+    def _signal_moved(self, key: str, gen: int) -> None:
+        """Wake the waiters of claim ``gen``, which this process took over. They wait on
+        the signal after the last heartbeat, or on that heartbeat's own signal if the
+        claimant died between writing the two; an occupied slot keeps its value."""
+        raw_beat = self.store.get(f"h/{key}/{gen}")
+        beats = msgpack.unpackb(raw_beat)[0] if raw_beat is not None else 0
+        for n in range(max(beats, 1), beats + 2):
+            self.store.signal(f"w/{key}/{gen}/{n}", b"moved")
 
     def _latest_gen(self, key: str, gen: int) -> int:
         while self.store.get(f"c/{key}/{gen + 1}") is not None:
@@ -249,7 +269,9 @@ class Singleflight:
         if raw_owner is not None:
             rank, host, pid, _ = msgpack.unpackb(raw_owner)
             owner = str(Owner(rank, host, pid))
-        if self.signalled_waits:
+        # A rank that helps between polls (split autotuning) looks for work every poll
+        # anyway, so it polls.
+        if self.signalled_waits and self.while_waiting is None:
             return self._wait_on_signals(key, gen, started, published, owner)
         last_beat: bytes | None = None
         last_change = time.monotonic()
@@ -276,11 +298,12 @@ class Singleflight:
             delay = min(delay * 1.5, _MAX_POLL_S)
 
     def _judge(self, key: str, owner: str, started: float, last_change: float, next_progress: float,
-               now: float) -> tuple[str | None, float]:
+               now: float, lease: float | None = None) -> tuple[str | None, float]:
         """How a wait that has seen no value ends now ("expired": no heartbeat for a lease;
         "deadline"), or ``None``; logs the progress line when due. Returns the outcome and
         when the next progress line is due."""
-        if now - last_change > self.lease:
+        lease = self.lease if lease is None else lease
+        if now - last_change > lease:
             log.warning("lease of %s on %s expired (no heartbeat for %.1fs); taking over",
                         owner, key, now - last_change)
             return "expired", next_progress
@@ -305,6 +328,9 @@ class Singleflight:
         last_change = time.monotonic()
         next_progress = last_change + self.progress_interval
         check = True
+        # Waiters of a dead claimant judge it at different moments: the first takes over
+        # and signals "moved", which ends the others' waits before they time out.
+        lease = self.lease * (1 + random.uniform(0, 0.1))
         with self.store.watch(f"w/{key}/{gen}") as watch:
             while True:
                 if check:
@@ -316,18 +342,20 @@ class Singleflight:
                         return "abandoned", None
                     check = False
                 now = time.monotonic()
-                ended, next_progress = self._judge(key, owner, started, last_change, next_progress, now)
+                ended, next_progress = self._judge(key, owner, started, last_change, next_progress, now,
+                                                   lease=lease)
                 if ended:
                     return ended, None
-                if self.while_waiting is not None and self.while_waiting():
-                    check = True
-                    continue
-                timeout = min(last_change + self.lease, started + self.wait_timeout, next_progress) - now
-                if self.while_waiting is not None:
-                    timeout = min(timeout, _MAX_POLL_S)
+                # No timeout for the progress line: a live claimant signals every lease/4,
+                # and each signal brings the judgement round again. A timed-out c10d wait
+                # is costly (TCPStore cancels it and logs a warning).
+                timeout = min(last_change + lease, started + self.wait_timeout) - now
                 signal = watch.wait(f"w/{key}/{gen}/{beats + 1}", max(timeout, 0.0) + 0.001)
                 if signal is None:
                     continue
+                if signal == b"moved":
+                    log.info("%s on %s was taken over; following the new claimant", owner, key)
+                    return "expired", None
                 beats += 1
                 last_change = time.monotonic()
                 check = signal == b"end"

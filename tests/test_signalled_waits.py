@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -117,3 +118,26 @@ def test_a_signalled_wait_ends_at_its_deadline(store_spec):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_waiters_of_a_dead_claimant_follow_the_first_to_take_over(store_spec):
+    """The taker signals "moved" on the dead claim: a waiter with a long lease follows it
+    at once instead of waiting out its own lease."""
+    _, url = store_spec
+    proc = claimant(url, "hang", hold=0.0, lease=1.0)
+    patient = waiter(url, [], lease=30.0)
+    results: dict = {}
+    thread = threading.Thread(target=lambda: results.setdefault("patient", patient.lookup("k", blocking=True)))
+    thread.start()
+    time.sleep(0.3)
+    proc.kill()
+    proc.wait()
+    killed = time.monotonic()
+    taker = waiter(url, [], lease=1.0)
+    assert taker.lookup("k", blocking=True).outcome == "claimed"
+    time.sleep(0.5)
+    assert taker.publish("k", b"value")
+    thread.join(10)
+    assert not thread.is_alive()
+    assert (results["patient"].value, results["patient"].outcome) == (b"value", "waited")
+    assert time.monotonic() - killed < 6  # not the patient waiter's own 30 s lease

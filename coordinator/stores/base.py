@@ -76,6 +76,10 @@ class Store(abc.ABC):
         """Wait for keys under ``prefix`` written with :meth:`signal`. This default polls."""
         yield PollingWatch(self)
 
+    def prepare_watch(self) -> None:  # noqa: B027 - a polling store has nothing to open
+        """Open now what a :meth:`watch` will need (a connection of its own), so that the
+        first wait does not: a job's waiters all start waiting at the same moment."""
+
     def close(self) -> None:  # noqa: B027 - most stores hold nothing to release
         """Release connections; the store is unusable afterwards."""
 
@@ -156,6 +160,9 @@ class TimedStore(Store):
     def watch(self, prefix: str) -> Iterator[Watch]:
         with self.inner.watch(prefix) as inner:
             yield _TimedWatch(inner, self._timed)
+
+    def prepare_watch(self) -> None:
+        self.inner.prepare_watch()
 
     def close(self) -> None:
         self.inner.close()

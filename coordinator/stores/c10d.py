@@ -40,7 +40,7 @@ class C10dStore(Store):
         self._store = store
         self._prefix = prefix
         self._lock = threading.Lock()
-        self._waiters = threading.local()  # a second client per thread, for blocking waits
+        self._idle_waiters: list[Any] = []  # clients of their own for blocking waits, not in use
 
     def _call(self, what: str, fn, *args):
         try:
@@ -99,12 +99,36 @@ class C10dStore(Store):
 
     @contextlib.contextmanager
     def watch(self, prefix: str) -> Iterator[Watch]:
-        waiter = getattr(self._waiters, "client", None)
-        if waiter is None and hasattr(self._store, "clone"):
-            # A wait blocks its connection: give it its own, so that this process's other
-            # store calls (torch.distributed's too, on the job's store) never queue behind it.
-            waiter = self._waiters.client = self._call("clone", self._store.clone)
-        yield _C10dWatch(self, waiter) if waiter is not None else PollingWatch(self)
+        # A wait blocks its connection: it gets one of its own, so that this process's other
+        # store calls (torch.distributed's too, on the job's store) never queue behind it.
+        waiter = self._take_waiter()
+        if waiter is None:
+            yield PollingWatch(self)
+            return
+        try:
+            yield _C10dWatch(self, waiter)
+        finally:
+            with self._lock:
+                self._idle_waiters.append(waiter)
+
+    def prepare_watch(self) -> None:
+        # TCPStore's connect resolves the peer's name; at a job's first wait every waiter
+        # would connect at once, and a burst of lookups can stall a connect for seconds.
+        with self._lock:
+            if self._idle_waiters:
+                return
+        waiter = self._take_waiter()
+        if waiter is not None:
+            with self._lock:
+                self._idle_waiters.append(waiter)
+
+    def _take_waiter(self) -> Any | None:
+        with self._lock:
+            if self._idle_waiters:
+                return self._idle_waiters.pop()
+        if not hasattr(self._store, "clone"):
+            return None
+        return self._call("clone", self._store.clone)
 
     def delete(self, key: str) -> None:
         full = self._prefix + check_key(key)

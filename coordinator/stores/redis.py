@@ -124,6 +124,19 @@ class RedisStore(Store):
                 pubsub.unsubscribe()
                 pubsub.close()
 
+    def prepare_watch(self) -> None:
+        # A subscription takes a connection of its own from the pool: connect one now.
+        pool = self._client.connection_pool
+
+        def connect():
+            try:
+                connection = pool.get_connection()
+            except TypeError:  # redis-py < 5.3 wants a command name
+                connection = pool.get_connection("SUBSCRIBE")
+            pool.release(connection)
+
+        self._run("connect", connect)
+
     def close(self) -> None:
         self._client.close()
 

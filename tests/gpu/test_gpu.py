@@ -3,7 +3,8 @@
 With two or more GPUs each rank has its own, over NCCL; with one, both ranks share it
 over gloo.
 
-The follower's first step must compile nothing and build no Triton kernel, in default
+Each graph is compiled by one rank only. When one rank compiled both (the usual case),
+the follower's first step must compile nothing and build no Triton kernel, in default
 mode (static CUDA launcher on and off), max-autotune and coordinate-descent tuning; its
 cubins arrive in its Triton cache dir through the FX entry
 (in max-autotune it compiles only the GEMM template choices it times for the leader while
@@ -61,15 +62,29 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
                           env=full_env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    # The leader is whichever rank claimed the graphs first: usually rank 0, which the
-    # worker gives a 1 s head start, but on a cold host rank 0's first import and trace
-    # can take longer (seen once: rank 1 led). Exactly one rank compiled.
-    compiled = [r["rank"] for r in ranks if r["fx_misses"] > 0]
-    assert len(compiled) == 1, [(r["rank"], r["fx_misses"], r["fx_hits"]) for r in ranks]
-    leader, follower = (ranks[0], ranks[1]) if compiled == [0] else (ranks[1], ranks[0])
+    # Each graph is compiled by one rank and received by the other. Usually one rank (rank 0,
+    # which the worker gives a 1 s head start) compiles both; but a follower woken at once
+    # can reach the backward first and claim it (seen with coordinate descent, whose first
+    # launch tunes on the rank that compiled the forward): then only the checks that hold
+    # for any split of the graphs apply.
+    graphs = ranks[0]["fx_misses"] + ranks[0]["fx_hits"]
+    for mine, other in ((ranks[0], ranks[1]), (ranks[1], ranks[0])):
+        assert mine["fx_hits"] == other["fx_misses"], [(r["rank"], r["fx_misses"], r["fx_hits"]) for r in ranks]
+    assert graphs >= 2 and ranks[1]["fx_misses"] + ranks[1]["fx_hits"] == graphs
+    leader, follower = sorted(ranks, key=lambda r: -r["fx_misses"])
     leader_atomic, follower_atomic = leader.pop("atomic_grads"), follower.pop("atomic_grads")
     print(json.dumps({"leader": leader, "follower": follower}, indent=1))  # kept in the tier's log
     print("\n".join(line for line in done.stderr.splitlines() if "coordinator" in line))
+    # Same kernels, same configs, same inputs: the same bits.
+    assert follower["digest"] == leader["digest"] and follower["loss"] == leader["loss"]
+    for name, grad in leader_atomic.items():  # summed by atomic adds: equal up to summation order
+        assert torch.allclose(torch.tensor(follower_atomic[name]), torch.tensor(grad), rtol=1e-4, atol=1e-6), name
+    for step in ("searched", "descended"):
+        tuned_by_both = set(leader["tuned"][step]) & set(follower["tuned"][step])
+        assert not tuned_by_both, (step, tuned_by_both)
+    if follower["fx_misses"] > 0:
+        print(f"the graphs were split between the ranks ({leader['fx_misses']} + {follower['fx_misses']})")
+        return
 
     assert leader["fx_misses"] >= 2 and leader["triton_compiles"] > 0  # it did compile, forward and backward
     if mode == "max-autotune":
@@ -79,15 +94,12 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
     if env.get("TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"):
         assert follower["static_launcher"] == (env["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == "1")
 
-    # The follower compiled no graph and selected no GEMM template; no kernel was tuned twice.
+    # The follower compiled no graph and selected no GEMM template.
     assert follower["fx_misses"] == 0 and follower["fx_hits"] == leader["fx_misses"]
     assert follower["template_selections"] == 0, follower["tuning_trace"]
     assert follower["cubins_on_disk"] > 0  # emitted from the FX entries into its own Triton cache dir
     published = sum(r["stats"]["by_cache"].get("autotune", {}).get("published", 0) for r in ranks)
     assert published > 0  # something to share
-    for step in ("searched", "descended"):
-        tuned_by_both = set(leader["tuned"][step]) & set(follower["tuned"][step])
-        assert not tuned_by_both, (step, tuned_by_both)
     # The follower ran the configs the leader tuned: it found them in the store.
     assert follower["stats"]["by_cache"]["autotune"]["hits"] > 0, follower["stats"]["by_cache"]
 
@@ -97,7 +109,9 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
         split_leader, split_follower = leader["stats"]["split_autotune"], follower["stats"]["split_autotune"]
         assert split_leader["selections"] > 0 and split_follower["selections"] == 0, (split_leader, split_follower)
         assert split_follower["items_run_for_others"] > 0, split_follower
-        assert 0 < split_leader["items_received"] <= split_follower["items_run_for_others"], split_leader
+        # The selecting rank never waits for a helper: it runs an item a helper holds itself
+        # once nothing is left to claim, so helpers' results may all arrive too late.
+        assert split_leader["items_received"] <= split_follower["items_run_for_others"], split_leader
         assert follower["triton_compiles"] <= 2 * split_follower["items_run_for_others"], follower["counters"]
     elif case == "default-triton-launcher":
         # Seen on torch 2.11: without the static launcher, loading the received kernels still
@@ -105,7 +119,3 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
         assert follower["triton_compiles"] < leader["triton_compiles"], follower["counters"]
     else:
         assert follower["triton_compiles"] == 0, follower["counters"]
-    # Same kernels, same configs, same inputs: the same bits.
-    assert follower["digest"] == leader["digest"] and follower["loss"] == leader["loss"]
-    for name, grad in leader_atomic.items():  # summed by atomic adds: equal up to summation order
-        assert torch.allclose(torch.tensor(follower_atomic[name]), torch.tensor(grad), rtol=1e-4, atol=1e-6), name
