@@ -14,14 +14,19 @@ leaders start and is SIGKILLed ``--kill-after-s`` later: a waiter takes over whe
 lease lapses. ``--waits polling`` runs the waits as they were before signalled waits (three
 reads a poll, 10 to 200 ms apart), for the before/after comparison.
 
+``--waits bare`` measures the floor under both: each leader blocks on the store's own
+primitive for one key (a raw TCPStore ``wait``, a Redis subscription), the script writes it,
+and ``p50_ms``/``p99_ms`` are write to wake-up, with no protocol around it. On a machine
+that also runs every simulated leader, this is what the leaders' own CPU allows.
+
 One JSON line per run: ``nodes``, ``store``, ``waits``, ``p50_ms``/``p99_ms``/``max_ms``
 (publish to each waiter's return), ``ops_per_waiter_s`` (store calls a waiting leader made
 per second of waiting, over graph 1's waits: a lease and more, the idle load),
 ``ops_per_s`` (all calls), ``server_cpu`` (server CPU-s per second of the run),
 ``takeover_s`` (victim killed to a leader's claim), ``timeouts`` (waits that hit their
 deadline), ``wrong_takeovers`` (a graph claimed by more than one leader),
-``store_mem_mb`` (server memory growth, after the job), ``duration_s``. ``--sweep`` also
-writes ``benchmarks/results/store-scale.json``, ``benchmarks/store_scale.png`` and the
+``store_mem_mb`` (server memory growth, after the job), ``duration_s``. ``--sweep`` (all three
+waits) also writes ``benchmarks/results/store-scale.json``, ``benchmarks/store_scale.png`` and the
 table into ``benchmarks/RESULTS.md``.
 """
 
@@ -182,6 +187,74 @@ def worker(spec: dict) -> None:
     Path(spec["out"]).write_text(json.dumps(records))
 
 
+def bare_waiter(spec: dict) -> None:
+    """One process of ``--waits bare``: each thread blocks on the store's own primitive."""
+    import torch.distributed as dist
+
+    woke: list = []
+    clients = []
+    for _ in range(spec["count"]):
+        if spec["url"].startswith("tcp://"):
+            host, port = spec["url"][len("tcp://"):].rsplit(":", 1)
+            client = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=120))
+            clients.append(lambda c=client: c.wait(["bare/go"], timedelta(seconds=120)))
+        else:
+            import redis
+
+            pubsub = redis.Redis.from_url(spec["url"]).pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe("bare/go")
+
+            def wait(p=pubsub):
+                while p.get_message(timeout=120) is None:
+                    pass
+
+            clients.append(wait)
+    threads = [threading.Thread(target=lambda w=w: (w(), woke.append(time.time())), daemon=True) for w in clients]
+    for t in threads:
+        t.start()
+    print("ready", flush=True)
+    for t in threads:
+        t.join()
+    Path(spec["out"]).write_text(json.dumps(woke))
+
+
+def run_bare(nodes: int, store: str, args) -> dict:
+    raise_fd_limit()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = Server(store, tmp)
+        try:
+            procs_n = max(1, min(args.procs, nodes))
+            per = [nodes // procs_n + (1 if i < nodes % procs_n else 0) for i in range(procs_n)]
+            outs = [f"{tmp}/woke-{i}.json" for i in range(procs_n)]
+            procs = [spawn({"role": "bare", "url": server.url, "count": count, "out": out})
+                     for count, out in zip(per, outs, strict=True)]
+            time.sleep(2)  # every thread blocked
+            if store == "c10d":
+                import torch.distributed as dist
+
+                host, port = server.url[len("tcp://"):].rsplit(":", 1)
+                client = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
+                written = time.time()
+                client.set("bare/go", b"1")
+            else:
+                import redis
+
+                client = redis.Redis.from_url(server.url)
+                written = time.time()
+                client.publish("bare/go", b"1")
+            for proc in procs:
+                if proc.wait(120) != 0:
+                    raise SystemExit(f"a bare waiter failed ({proc.returncode})")
+        finally:
+            server.stop()
+        latencies = sorted((t - written) * 1000 for out in outs for t in json.loads(Path(out).read_text()))
+    pct = {q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 1) for q in (0.5, 0.99)}
+    return {"nodes": nodes, "store": store, "waits": "bare", "p50_ms": pct[0.5], "p99_ms": pct[0.99],
+            "max_ms": round(latencies[-1], 1), "ops_per_waiter_s": None, "ops_per_s": None, "server_cpu": None,
+            "takeover_s": None, "timeouts": None, "wrong_takeovers": None, "store_mem_mb": None, "duration_s": None,
+            "graphs": 1, "compile_s": 0, "lease_s": None}
+
+
 def victim(spec: dict) -> None:
     """Claims graph 1 and holds it (heartbeating) until it is killed."""
     flight = flight_for(spec["url"], -1, spec, Counting())
@@ -278,8 +351,8 @@ def sweep(args) -> None:
     rows = []
     for nodes in args.sweep_nodes:
         for store in ("c10d", "redis"):
-            for waits in ("polling", "signalled"):
-                row = run(nodes, store, waits, args)
+            for waits in ("bare", "polling", "signalled"):
+                row = run_bare(nodes, store, args) if waits == "bare" else run(nodes, store, waits, args)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
                 (ROOT / "benchmarks" / "results" / "store-scale.json").write_text(
@@ -302,20 +375,22 @@ def machine() -> str:
 
 
 def markdown(rows: list[dict]) -> str:
+    spec = next(r for r in rows if r["waits"] != "bare")
     lines = [
         f"#### Run `store-scale` ({time.strftime('%Y-%m-%d')})", "",
         f"Command: `{command()}`", "",
-        f"Machine: {machine()}. Graphs {rows[0]['graphs']}, compile {rows[0]['compile_s']} s each, "
-        f"lease {rows[0]['lease_s']} s; graph 1's first claimant is killed.", "",
+        f"Machine: {machine()}. Graphs {spec['graphs']}, compile {spec['compile_s']} s each, "
+        f"lease {spec['lease_s']} s; graph 1's first claimant is killed. Waits \"bare\": the store's own "
+        "primitive, one write to every waiter, no protocol (the floor on this machine).", "",
         "| nodes | store | waits | publish → waiter p50 (ms) | p99 (ms) | max (ms) | store calls per waiter per s "
         "| store calls per s | server CPU (s/s) | takeover (s) | timeouts | wrong takeovers "
         "| store memory after (MB) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    keys = ("nodes", "store", "waits", "p50_ms", "p99_ms", "max_ms", "ops_per_waiter_s", "ops_per_s", "server_cpu",
+            "takeover_s", "timeouts", "wrong_takeovers", "store_mem_mb")
     for r in rows:
-        lines.append(f"| {r['nodes']} | {r['store']} | {r['waits']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | "
-                     f"{r['ops_per_waiter_s']} | {r['ops_per_s']} | {r['server_cpu']} | {r['takeover_s']} | "
-                     f"{r['timeouts']} | {r['wrong_takeovers']} | {r['store_mem_mb']} |")
+        lines.append("| " + " | ".join("–" if r[k] is None else str(r[k]) for k in keys) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -331,7 +406,7 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(14, 8))
     for ax, (key, title) in zip(axes.flat, metrics, strict=True):
         for store in ("c10d", "redis"):
-            for waits, style in (("polling", "--"), ("signalled", "-")):
+            for waits, style in (("bare", ":"), ("polling", "--"), ("signalled", "-")):
                 points = [(r["nodes"], r[key]) for r in rows if r["store"] == store and r["waits"] == waits
                           and r[key] is not None]
                 if points:
@@ -350,7 +425,7 @@ def main() -> None:
     p.add_argument("--role", default=None, help=argparse.SUPPRESS)
     p.add_argument("--nodes", type=int, default=64)
     p.add_argument("--store", choices=("c10d", "redis"), default="c10d")
-    p.add_argument("--waits", choices=("signalled", "polling"), default="signalled")
+    p.add_argument("--waits", choices=("signalled", "polling", "bare"), default="signalled")
     p.add_argument("--graphs", type=int, default=3)
     p.add_argument("--compile-s", type=float, default=2.0)
     p.add_argument("--lease", type=float, default=20.0, help="the library's default")
@@ -365,12 +440,14 @@ def main() -> None:
     if args.role:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         spec = json.loads(args.role)
-        (worker if spec["role"] == "worker" else victim)(spec)
+        {"worker": worker, "victim": victim, "bare": bare_waiter}[spec["role"]](spec)
         return
     if args.sweep:
         sweep(args)
     else:
-        print(json.dumps(run(args.nodes, args.store, args.waits, args)), flush=True)
+        row = run_bare(args.nodes, args.store, args) if args.waits == "bare" else \
+            run(args.nodes, args.store, args.waits, args)
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
