@@ -414,8 +414,11 @@ class SplitTuning:
                 continue
             if not self.store.add_if_absent(self._key(selection, "c", index), msgpack.packb([self.rank, time.time()])):
                 continue
+            began = time.monotonic()
             try:
                 ms: float | None = self._time(request.prepare, request.run)
+                log.debug("split autotuning: ran item %d of %s for its selecting rank in %.2fs",
+                          index, selection, time.monotonic() - began)
             except Exception as exc:
                 log.warning("split autotuning: item %d of %s failed here (%s); its selecting rank runs it",
                             index, selection, exc)

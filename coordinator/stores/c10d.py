@@ -13,6 +13,10 @@ bundled Triton kernels easily exceeds that (max-autotune bundles every candidate
 values above ``CHUNK_BYTES`` are written as chunks and a manifest
 (:mod:`coordinator.stores.chunks`, as the Redis store does); the lock is released
 between chunks so heartbeats go on.
+
+A blocking wait (:meth:`C10dStore.watch`) runs on a client of its own (``clone``), kept
+in a pool and reused; :meth:`C10dStore.prepare_watch` opens the first one when the
+session starts, so that a job's waiters do not all connect at the moment of the first wait.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def main() -> None:
     p.add_argument("--mode", default="default")
     p.add_argument("--backend", default="nccl", choices=("nccl", "gloo"))
     args = p.parse_args()
-    logging.basicConfig(format=f"[rank{os.environ['RANK']}] %(name)s: %(message)s")
+    logging.basicConfig(format=f"[rank{os.environ['RANK']} %(relativeCreated).0fms] %(name)s: %(message)s")
     logging.getLogger("coordinator").setLevel(os.environ.get("COORDINATOR_TIER_LOG_LEVEL", "INFO"))
     torch.cuda.set_device(0)
     dist.init_process_group(args.backend)
