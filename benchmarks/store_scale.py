@@ -209,7 +209,14 @@ def bare_waiter(spec: dict) -> None:
                     pass
 
             clients.append(wait)
-    threads = [threading.Thread(target=lambda w=w: (w(), woke.append(time.time())), daemon=True) for w in clients]
+    def wait_and_record(wait) -> None:
+        try:
+            wait()
+            woke.append(time.time())
+        except Exception:  # noqa: BLE001 - counted as a missed wake-up
+            woke.append(None)
+
+    threads = [threading.Thread(target=wait_and_record, args=(w,), daemon=True) for w in clients]
     for t in threads:
         t.start()
     print("ready", flush=True)
@@ -247,11 +254,13 @@ def run_bare(nodes: int, store: str, args) -> dict:
                     raise SystemExit(f"a bare waiter failed ({proc.returncode})")
         finally:
             server.stop()
-        latencies = sorted((t - written) * 1000 for out in outs for t in json.loads(Path(out).read_text()))
+        woke = [t for out in outs for t in json.loads(Path(out).read_text())]
+        latencies = sorted((t - written) * 1000 for t in woke if t is not None)
     pct = {q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 1) for q in (0.5, 0.99)}
     return {"nodes": nodes, "store": store, "waits": "bare", "p50_ms": pct[0.5], "p99_ms": pct[0.99],
             "max_ms": round(latencies[-1], 1), "ops_per_waiter_s": None, "ops_per_s": None, "server_cpu": None,
-            "takeover_s": None, "timeouts": None, "wrong_takeovers": None, "store_mem_mb": None, "duration_s": None,
+            "takeover_s": None, "timeouts": sum(t is None for t in woke),
+            "wrong_takeovers": None, "store_mem_mb": None, "duration_s": None,
             "graphs": 1, "compile_s": 0, "lease_s": None}
 
 
@@ -348,17 +357,24 @@ def summarize(records, nodes, store, waits, duration, cpu, memory, killed_at, ar
 
 
 def sweep(args) -> None:
-    rows = []
+    """Run the sweep's rows (or those ``--sweep-stores``/``--sweep-waits`` pick) and merge them
+    into ``results/store-scale.json``: a row measured again replaces the old one."""
+    path = ROOT / "benchmarks" / "results" / "store-scale.json"
+    saved = json.loads(path.read_text()) if path.exists() else {"commands": [], "rows": []}
+    rows = saved["rows"]
+    commands = [*saved.get("commands", [saved["command"]] if "command" in saved else []), command()]
     for nodes in args.sweep_nodes:
-        for store in ("c10d", "redis"):
-            for waits in ("bare", "polling", "signalled"):
+        for store in args.sweep_stores:
+            for waits in args.sweep_waits:
                 row = run_bare(nodes, store, args) if waits == "bare" else run(nodes, store, waits, args)
                 print(json.dumps(row), flush=True)
-                rows.append(row)
-                (ROOT / "benchmarks" / "results" / "store-scale.json").write_text(
-                    json.dumps({"command": command(), "machine": machine(), "rows": rows}, indent=1))
+                same = (row["nodes"], row["store"], row["waits"])
+                rows = [r for r in rows if (r["nodes"], r["store"], r["waits"]) != same] + [row]
+                order = {"bare": 0, "polling": 1, "signalled": 2}
+                rows.sort(key=lambda r: (r["nodes"], r["store"], order[r["waits"]]))
+                path.write_text(json.dumps({"commands": commands, "machine": machine(), "rows": rows}, indent=1))
     plot(rows, ROOT / "benchmarks" / "store_scale.png")
-    section = markdown(rows)
+    section = markdown(rows, commands)
     print(section)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from cold_start import write_section
@@ -374,11 +390,12 @@ def machine() -> str:
     return f"{os.cpu_count()} CPU cores, Python {sys.version.split()[0]}, loopback"
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], commands: list[str]) -> str:
     spec = next(r for r in rows if r["waits"] != "bare")
     lines = [
         f"#### Run `store-scale` ({time.strftime('%Y-%m-%d')})", "",
-        f"Command: `{command()}`", "",
+        "Commands (later ones measured their rows again): " + ", ".join(f"`{c}`" for c in commands),
+        "",
         f"Machine: {machine()}. Graphs {spec['graphs']}, compile {spec['compile_s']} s each, "
         f"lease {spec['lease_s']} s; graph 1's first claimant is killed. Waits \"bare\": the store's own "
         "primitive, one write to every waiter, no protocol (the floor on this machine).", "",
@@ -404,13 +421,15 @@ def plot(rows: list[dict], path: Path) -> None:
                ("server_cpu", "server CPU (s per s)"), ("takeover_s", "takeover after a killed leader (s)"),
                ("store_mem_mb", "store memory after (MB)"), ("ops_per_s", "store calls per s")]
     fig, axes = plt.subplots(2, 3, figsize=(14, 8))
+    colors = {"c10d": "tab:blue", "redis": "tab:red"}
     for ax, (key, title) in zip(axes.flat, metrics, strict=True):
         for store in ("c10d", "redis"):
             for waits, style in (("bare", ":"), ("polling", "--"), ("signalled", "-")):
                 points = [(r["nodes"], r[key]) for r in rows if r["store"] == store and r["waits"] == waits
                           and r[key] is not None]
                 if points:
-                    ax.plot(*zip(*points, strict=True), style, marker="o", label=f"{store}, {waits}")
+                    ax.plot(*zip(*points, strict=True), style, marker="o", color=colors[store],
+                            label=f"{store}, {waits}")
         ax.set_xscale("log")
         ax.set_xlabel("node leaders")
         ax.set_title(title)
@@ -436,6 +455,9 @@ def main() -> None:
     p.add_argument("--records", default=None, help="write every lookup's record to this JSON file")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--sweep-nodes", type=int, nargs="+", default=[8, 64, 256, 1000])
+    p.add_argument("--sweep-stores", nargs="+", choices=("c10d", "redis"), default=["c10d", "redis"])
+    p.add_argument("--sweep-waits", nargs="+", choices=("bare", "polling", "signalled"),
+                   default=["bare", "polling", "signalled"])
     args = p.parse_args()
     if args.role:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
