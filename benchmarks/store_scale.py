@@ -187,14 +187,20 @@ def worker(spec: dict) -> None:
     Path(spec["out"]).write_text(json.dumps(records))
 
 
+def shares(nodes: int, procs: int) -> list[int]:
+    """How many of ``nodes`` leaders each worker process runs."""
+    n = max(1, min(procs, nodes))
+    return [nodes // n + (1 if i < nodes % n else 0) for i in range(n)]
+
+
 def bare_waiter(spec: dict) -> None:
     """One process of ``--waits bare``: each thread blocks on the store's own primitive."""
-    import torch.distributed as dist
-
     woke: list = []
     clients = []
     for _ in range(spec["count"]):
         if spec["url"].startswith("tcp://"):
+            import torch.distributed as dist
+
             host, port = spec["url"][len("tcp://"):].rsplit(":", 1)
             client = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=120))
             clients.append(lambda c=client: c.wait(["bare/go"], timedelta(seconds=120)))
@@ -230,9 +236,8 @@ def run_bare(nodes: int, store: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         server = Server(store, tmp)
         try:
-            procs_n = max(1, min(args.procs, nodes))
-            per = [nodes // procs_n + (1 if i < nodes % procs_n else 0) for i in range(procs_n)]
-            outs = [f"{tmp}/woke-{i}.json" for i in range(procs_n)]
+            per = shares(nodes, args.procs)
+            outs = [f"{tmp}/woke-{i}.json" for i in range(len(per))]
             procs = [spawn({"role": "bare", "url": server.url, "count": count, "out": out})
                      for count, out in zip(per, outs, strict=True)]
             time.sleep(2)  # every thread blocked
@@ -280,14 +285,13 @@ def run(nodes: int, store: str, waits: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         server = Server(store, tmp)
         try:
-            procs_n = max(1, min(args.procs, nodes))
             base = {"url": server.url, "lease": args.lease, "deadline": args.deadline, "waits": waits,
                     "graphs": args.graphs, "compile_s": args.compile_s, "value_bytes": args.value_bytes,
                     "go": f"{tmp}/go"}
             memory_before = server.memory_bytes()
             victim_proc = spawn({**base, "role": "victim"})
             procs, outs = [], []
-            per = [nodes // procs_n + (1 if i < nodes % procs_n else 0) for i in range(procs_n)]
+            per = shares(nodes, args.procs)
             first = 0
             for i, count in enumerate(per):
                 outs.append(f"{tmp}/records-{i}.json")

@@ -119,12 +119,11 @@ class C10dStore(Store):
         # TCPStore's connect resolves the peer's name; at a job's first wait every waiter
         # would connect at once, and a burst of lookups can stall a connect for seconds.
         with self._lock:
-            if self._idle_waiters:
+            if self._idle_waiters or not hasattr(self._store, "clone"):
                 return
-        waiter = self._take_waiter()
-        if waiter is not None:
-            with self._lock:
-                self._idle_waiters.append(waiter)
+        waiter = self._call("clone", self._store.clone)
+        with self._lock:
+            self._idle_waiters.append(waiter)
 
     def _take_waiter(self) -> Any | None:
         with self._lock:
