@@ -9,6 +9,8 @@ Rows (``kind:N``, run once each, in the order given; one invocation is one devic
   ratio divides by: one stock rank alone on the same machine, in the same invocation);
 * ``ours:N``: ``compile_once`` over the job's store, split autotuning on (the default);
 * ``nosplit:N``: ``compile_once`` with ``COORDINATOR_SPLIT_AUTOTUNE=0``;
+* ``twice:N``: ``compile_once`` with neither split autotuning nor each choice compiled once
+  (``COORDINATOR_COMPILE_CHOICES_ONCE=0``: Inductor's own precompile);
 * ``upstream:N``: no coordinator, every rank compiling with Inductor's
   ``TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM=1``.
 
@@ -17,7 +19,9 @@ gloo (``benchmarks/cold_start_job.py``, the example GPT under DDP). Columns: all
 (s), ÷ stock:1, FX and Triton compiles summed over ranks, the items each rank ran (for its
 own selections / for other ranks'), seconds the selecting rank blocked per selection, and
 the most bytes one follower received. Rows that would not finish before ``--budget-s`` are
-skipped. Prints the table and one JSON line per run, writes the runs to
+skipped. A stock rank alone takes most of a device call in max-autotune; ``--reference
+JSON`` divides by the ``stock:1`` of an earlier invocation instead (the table says which).
+Prints the table and one JSON line per run, writes the runs to
 ``benchmarks/results/<label>.json`` and the table into ``benchmarks/RESULTS.md``.
 """
 
@@ -37,6 +41,7 @@ KINDS = {  # kind -> (cold_start_job method, extra environment)
     "stock": ("alone", {}),
     "ours": ("compile-once", {"COORDINATOR_SPLIT_AUTOTUNE": "1"}),
     "nosplit": ("compile-once", {"COORDINATOR_SPLIT_AUTOTUNE": "0"}),
+    "twice": ("compile-once", {"COORDINATOR_SPLIT_AUTOTUNE": "0", "COORDINATOR_COMPILE_CHOICES_ONCE": "0"}),
     "upstream": ("alone", {"TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM": "1"}),
 }
 
@@ -67,6 +72,7 @@ def main() -> None:
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--rows", nargs="+", default=["stock:1", "ours:2"])
     p.add_argument("--budget-s", type=float, default=560, help="skip rows that would not end before this")
+    p.add_argument("--reference", metavar="JSON", help="divide by the stock:1 row of this earlier results file")
     p.add_argument("--job-logs", default=None, metavar="DIR", help="keep each job's output in DIR")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     p.add_argument("job_args", nargs=argparse.REMAINDER, help="after --: model flags for cold_start_job.py")
@@ -81,6 +87,10 @@ def main() -> None:
     started = time.monotonic()
     reference_s = None
     raw = {"command": "python benchmarks/split_autotune.py " + " ".join(sys.argv[1:]), "runs": [], "skipped": []}
+    if args.reference:
+        earlier = json.loads(Path(args.reference).read_text())
+        reference_s = next(r["all_done_s"] for r in earlier["runs"] if r["row"] == "stock:1")
+        raw["reference"] = {"file": args.reference, "stock:1 s": reference_s, "machine": earlier.get("machine")}
     table = []
     for spec, kind, n in rows:
         left = args.budget_s - (time.monotonic() - started)
@@ -106,8 +116,9 @@ def main() -> None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        if spec == "stock:1":
+        if spec == "stock:1":  # a reference from this call wins over --reference
             reference_s = run["all_done_s"]
+            raw.pop("reference", None)
         row = summarize(spec, run, reference_s)
         table.append(row)
         raw["runs"].append({**row, "run": run})
@@ -126,7 +137,9 @@ def markdown(label: str, raw: dict, table: list[dict], job_args: list[str]) -> s
         f"Command: `{raw['command']}`",
         "",
         f"Machine: {raw.get('machine', '?')}. Model flags: `{' '.join(job_args)}`. One run per row."
-        + (f" Skipped (budget): {', '.join(raw['skipped'])}." if raw["skipped"] else ""),
+        + (f" Skipped (budget): {', '.join(raw['skipped'])}." if raw["skipped"] else "")
+        + (f" ÷ stock:1 divides by {raw['reference']['stock:1 s']:.2f} s, the stock:1 row of "
+           f"`{raw['reference']['file']}` (another device call)." if raw.get("reference") else ""),
         "",
         "| row | all ranks done step 1 (s) | ÷ stock:1 | FX compiles | Triton compiles | items run per rank "
         "(own / for others) | selections | selecting rank blocked per selection (s) | bytes a follower received |",

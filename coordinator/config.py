@@ -5,22 +5,23 @@ to :func:`coordinator.compile_once` (or :meth:`Config.resolve`), an environment
 variable, then the default. The environment variables let a launcher switch the
 coordinator on and tune it without touching the training script.
 
-===========================  ==============================  ==========================
-setting                      environment variable            default
-===========================  ==============================  ==========================
-store                        COORDINATOR_STORE               the job's c10d store
-secret                       COORDINATOR_SECRET              none (checksums only)
-lease                        COORDINATOR_LEASE_S             20 s
-wait_timeout                 COORDINATOR_WAIT_TIMEOUT_S      1800 s
-progress_interval            COORDINATOR_PROGRESS_S          10 s
-namespace                    COORDINATOR_NAMESPACE           ""
-caches                       COORDINATOR_CACHES              all but bundled_autotune
-chunk_bytes                  COORDINATOR_CHUNK_BYTES         64 MiB
-ship_cpu_kernels             COORDINATOR_SHIP_CPU_KERNELS    true
-share_local_hits             COORDINATOR_SHARE_LOCAL_HITS    true
-split_autotune               COORDINATOR_SPLIT_AUTOTUNE      false
-signalled_waits              COORDINATOR_SIGNALLED_WAITS     true
-===========================  ==============================  ==========================
+===========================  ==================================  ==========================
+setting                      environment variable                default
+===========================  ==================================  ==========================
+store                        COORDINATOR_STORE                   the job's c10d store
+secret                       COORDINATOR_SECRET                  none (checksums only)
+lease                        COORDINATOR_LEASE_S                 20 s
+wait_timeout                 COORDINATOR_WAIT_TIMEOUT_S          1800 s
+progress_interval            COORDINATOR_PROGRESS_S              10 s
+namespace                    COORDINATOR_NAMESPACE               ""
+caches                       COORDINATOR_CACHES                  all but bundled_autotune
+chunk_bytes                  COORDINATOR_CHUNK_BYTES             64 MiB
+ship_cpu_kernels             COORDINATOR_SHIP_CPU_KERNELS        true
+share_local_hits             COORDINATOR_SHARE_LOCAL_HITS        true
+split_autotune               COORDINATOR_SPLIT_AUTOTUNE          false
+compile_choices_once         COORDINATOR_COMPILE_CHOICES_ONCE    true
+signalled_waits              COORDINATOR_SIGNALLED_WAITS         true
+===========================  ==================================  ==========================
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ _ENV = {
     "ship_cpu_kernels": "COORDINATOR_SHIP_CPU_KERNELS",
     "share_local_hits": "COORDINATOR_SHARE_LOCAL_HITS",
     "split_autotune": "COORDINATOR_SPLIT_AUTOTUNE",
+    "compile_choices_once": "COORDINATOR_COMPILE_CHOICES_ONCE",
     "signalled_waits": "COORDINATOR_SIGNALLED_WAITS",
 }
 
@@ -94,6 +96,7 @@ _PARSE_ENV = {
     "ship_cpu_kernels": _flag,
     "share_local_hits": _flag,
     "split_autotune": _flag,
+    "compile_choices_once": _flag,
     "signalled_waits": _flag,
 }
 
@@ -141,6 +144,12 @@ class Config:
     """In max-autotune, let ranks that wait on the store compile and time the GEMM
     template choices of the rank that selects (``coordinator.split_tuning``). Off by
     default until its GPU figures show a gain (``benchmarks/RESULTS.md``)."""
+
+    compile_choices_once: bool = True
+    """In max-autotune, precompile a GEMM selection's Triton template choices in threads
+    of this process rather than in Inductor's compile workers, whose kernels the timing
+    does not find on some torch versions and compiles a second time, one at a time
+    (``_compat.precompile_choices_in_process``)."""
 
     signalled_waits: bool = True
     """Waiting ranks block on the claimant's heartbeat and end signals (the c10d store's

@@ -15,7 +15,8 @@ session (``_compat.rank_reads``), which never shares a graph compiled while the 
 read; and Inductor's switches that run collectives inside a compile are off
 (``_compat.collective_switches_off``): only one rank compiles each graph. In max-autotune
 the timing of a GEMM's choices goes through the session (``_compat.split_choice_benchmarks``),
-which shares it with the ranks that wait (``coordinator.split_tuning``).
+which shares it with the ranks that wait (``coordinator.split_tuning``), and each choice
+is precompiled where its timing finds it (``_compat.precompile_choices_in_process``).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def route_caches(session: Session) -> Iterator[None]:
         else contextlib.nullcontext(),
         _compat.triton_tuning_hooks(session.tuning_step) if tune else contextlib.nullcontext(),
         _compat.split_choice_benchmarks(session.select_choices, WorkItem) if session.config.split_autotune
+        else contextlib.nullcontext(),
+        _compat.precompile_choices_in_process() if session.config.compile_choices_once
         else contextlib.nullcontext(),
     ):
         yield

@@ -45,7 +45,9 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``_dynamo/repro/after_aot.py``, whose repro script of each graph records ranks) and
   in-compile collectives (``collective_switches_off``: ``distributed_max_autotune_gemm``,
   ``distributed_runtime_autotune``, ``aten_distributed_optimizations.spmd_check``).
-* ``select_algorithm``: split autotuning's hook (``split_choice_benchmarks``):
+* ``select_algorithm``: each GEMM choice compiled once (``precompile_choices_in_process``:
+  ``AlgorithmSelectorCache.make_precompile_fn``, ``AsyncCompile.use_process_pool``, a
+  classmethod; read from 2.11.0's source too); split autotuning's hook (``split_choice_benchmarks``):
   ``AlgorithmSelectorCache.benchmark_choices`` (classmethod: choices, ``AutotuneArgs``,
   ``is_collective``), ``AutotuneArgs.get_benchmark_tensors``, ``ChoiceCaller.hash_key``,
   ``TritonTemplateCaller.bmreq`` (``TritonGPUBenchmarkRequest``: ``module_path``,
@@ -81,6 +83,7 @@ from coordinator._compat.guards import (
 from coordinator._compat.select_algorithm import (
     TritonTemplateRequest,
     device_name,
+    precompile_choices_in_process,
     reference_ms,
     selection_key,
     split_choice_benchmarks,
@@ -119,6 +122,7 @@ __all__ = [
     "kernel_autotune_cache",
     "on_compile_end",
     "process_compile_seconds",
+    "precompile_choices_in_process",
     "rank_reads",
     "reference_ms",
     "remote_cache_backend_base",

@@ -1,6 +1,15 @@
-"""Split autotuning, Inductor's side: the choices of a GEMM selection as work items.
+"""Inductor's GEMM template selection: each choice compiled once, and split autotuning.
 
-Inductor times a selection's choices in ``AlgorithmSelectorCache.benchmark_choices``
+**Each choice compiled once.** Before timing a selection's choices, Inductor precompiles
+them in parallel (``AlgorithmSelectorCache.make_precompile_fn``): a Triton template choice
+goes to its compile workers once they are up (``AsyncCompile.use_process_pool()``), any
+other to threads of this process. On torch 2.11 the timing that follows does not find the
+workers' kernels (other Triton cache keys: ``benchmarks/tools/recompile_probe.py``) and
+compiles each choice again, one at a time, in the rank's own thread: most of a
+max-autotune compile. :func:`precompile_choices_in_process` sends a selection's
+precompiles to the threads instead, whose kernels the timing then uses.
+
+**Split autotuning.** Inductor times a selection's choices in ``AlgorithmSelectorCache.benchmark_choices``
 (a classmethod: the choices and the tensors they run on). :func:`split_choice_benchmarks`
 replaces it while a session is active: each choice becomes a
 :class:`coordinator.split_tuning.WorkItem` that runs Inductor's own timing of that
@@ -19,6 +28,7 @@ import contextlib
 import copy
 import hashlib
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -150,6 +160,49 @@ def split_choice_benchmarks(select: Select, make_item: Callable[..., Any]) -> It
         yield
     finally:
         AlgorithmSelectorCache.benchmark_choices = original
+
+
+_precompiling = threading.local()
+
+
+@contextlib.contextmanager
+def precompile_choices_in_process() -> Iterator[None]:
+    """While active, a template selection's precompiles run in threads of this process
+    (Inductor's path when its compile workers are not up), never in the workers."""
+    try:
+        from torch._inductor.async_compile import AsyncCompile
+        from torch._inductor.select_algorithm import AlgorithmSelectorCache
+    except ImportError:
+        yield
+        return
+    original_make = AlgorithmSelectorCache.__dict__.get("make_precompile_fn")
+    original_use_pool = AsyncCompile.__dict__.get("use_process_pool")
+    if not callable(original_make) or not isinstance(original_use_pool, classmethod):
+        log.debug("make_precompile_fn or AsyncCompile.use_process_pool not found; precompiles stay as they are")
+        yield
+        return
+    use_pool = original_use_pool.__func__
+
+    def make_precompile_fn(self, *args, **kwargs):
+        depth = getattr(_precompiling, "depth", 0)
+        _precompiling.depth = depth + 1
+        try:
+            return original_make(self, *args, **kwargs)
+        finally:
+            _precompiling.depth = depth
+
+    def use_process_pool(cls):
+        if getattr(_precompiling, "depth", 0):
+            return False
+        return use_pool(cls)
+
+    AlgorithmSelectorCache.make_precompile_fn = make_precompile_fn
+    AsyncCompile.use_process_pool = classmethod(use_process_pool)
+    try:
+        yield
+    finally:
+        AlgorithmSelectorCache.make_precompile_fn = original_make
+        AsyncCompile.use_process_pool = original_use_pool
 
 
 def reference_ms() -> float | None:
