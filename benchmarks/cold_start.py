@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
@@ -89,6 +90,14 @@ class Redis:
         self.proc.wait()
 
 
+class JobTimedOut(Exception):
+    """A job still running at its deadline; it and its ranks were killed."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"still running after {seconds:.0f} s; killed")
+        self.seconds = seconds
+
+
 def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str | None = None,
             redis_url: str | None = None, cache_dir: str | None = None, timeout: float = 1800,
             profile: Path | None = None, profile_ranks: Path | None = None, log: Path | None = None) -> dict:
@@ -115,12 +124,24 @@ def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str |
         env = dict(os.environ, TMPDIR=tmp, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.setdefault("OMP_NUM_THREADS", "1")
         started = time.monotonic()
-        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=timeout)
+        job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+        try:
+            stdout, _ = job.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            job.terminate()  # torchrun stops the ranks it started (each in a session of its own)
+            try:
+                stdout, _ = job.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+                stdout, _ = job.communicate()
+            if log:
+                log.write_text(stdout)
+            raise JobTimedOut(timeout) from None
         if log:
-            log.write_text(done.stdout)
-        if done.returncode != 0 or not out.exists():
-            print(done.stdout[-4000:], file=sys.stderr)
+            log.write_text(stdout)
+        if job.returncode != 0 or not out.exists():
+            print(stdout[-4000:], file=sys.stderr)
             raise SystemExit(f"job failed: {' '.join(cmd)}")
         result = json.loads(out.read_text())
         result["wall_s"] = time.monotonic() - started

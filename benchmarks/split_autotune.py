@@ -18,9 +18,11 @@ With ``--gpus G``, N <= G runs one rank per GPU over NCCL, N > G shares the G GP
 gloo (``benchmarks/cold_start_job.py``, the example GPT under DDP). Columns: all ranks done
 (s), ÷ stock:1, FX and Triton compiles summed over ranks, the items each rank ran (for its
 own selections / for other ranks'), seconds the selecting rank blocked per selection, and
-the most bytes one follower received. Rows that would not finish before ``--budget-s`` are
-skipped. A stock rank alone takes most of a device call in max-autotune; ``--reference
-JSON`` divides by the ``stock:1`` of an earlier invocation instead (the table says which).
+the most bytes one follower received. Rows that would not start before ``--budget-s`` are
+skipped; a row still running at the end of the budget is killed and shown as a lower bound
+(a killed ``stock:1`` makes the ratios upper bounds). A stock rank alone takes most of a
+device call in max-autotune; ``--reference JSON`` divides by the ``stock:1`` of an earlier
+invocation instead (the table says which).
 Prints the table and one JSON line per run, writes the runs to
 ``benchmarks/results/<label>.json`` and the table into ``benchmarks/RESULTS.md``.
 """
@@ -35,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cold_start import ROOT, fmt_bytes, machine, run_job, write_section  # noqa: E402
+from cold_start import ROOT, JobTimedOut, fmt_bytes, machine, run_job, write_section  # noqa: E402
 
 KINDS = {  # kind -> (cold_start_job method, extra environment)
     "stock": ("alone", {}),
@@ -86,6 +88,7 @@ def main() -> None:
         rows.append((spec, kind, int(n)))
     started = time.monotonic()
     reference_s = None
+    reference_is_bound = False  # stock:1 was killed at its deadline: it took longer
     raw = {"command": "python benchmarks/split_autotune.py " + " ".join(sys.argv[1:]), "runs": [], "skipped": []}
     if args.reference:
         earlier = json.loads(Path(args.reference).read_text())
@@ -106,6 +109,14 @@ def main() -> None:
             if log:
                 log.parent.mkdir(parents=True, exist_ok=True)
             run = run_job(n, method, job_args, gpus=args.gpus, timeout=left, log=log)
+        except JobTimedOut as exc:  # a lower bound: the row took longer than this
+            if spec == "stock:1" and reference_s is None:
+                reference_s, reference_is_bound = exc.seconds, True
+            row = {"row": spec, "timed_out_after_s": round(exc.seconds, 1)}
+            table.append(row)
+            raw["runs"].append(row)
+            print(json.dumps(row), flush=True)
+            continue
         except Exception as exc:  # a row past the budget or failing: keep the others
             raw["skipped"].append(spec)
             print(f"{spec}: {type(exc).__name__}: {exc}", flush=True)
@@ -117,9 +128,10 @@ def main() -> None:
                 else:
                     os.environ[k] = v
         if spec == "stock:1":  # a reference from this call wins over --reference
-            reference_s = run["all_done_s"]
+            reference_s, reference_is_bound = run["all_done_s"], False
             raw.pop("reference", None)
         row = summarize(spec, run, reference_s)
+        row["ratio_is_upper_bound"] = reference_is_bound
         table.append(row)
         raw["runs"].append({**row, "run": run})
         print(json.dumps(row), flush=True)
@@ -146,7 +158,10 @@ def markdown(label: str, raw: dict, table: list[dict], job_args: list[str]) -> s
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}×"
+        if "timed_out_after_s" in r:
+            lines.append(f"| {r['row']} | > {r['timed_out_after_s']:.0f} (killed) | - | - | - | - | - | - | - |")
+            continue
+        ratio = "-" if r["ratio"] is None else ("< " if r["ratio_is_upper_bound"] else "") + f"{r['ratio']:.2f}×"
         items = ", ".join(f"{a}/{b}" for a, b in zip(r["items_here"], r["items_for_others"], strict=True))
         lines.append(f"| {r['row']} | {r['all_done_s']:.2f} | {ratio} | {r['fx_compiles']} | {r['triton_compiles']} | "
                      f"{items} | {r['selections']} | {r['blocked_s_per_selection']:.2f} | "
