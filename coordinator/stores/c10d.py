@@ -125,6 +125,12 @@ class C10dStore(Store):
         with self._lock:
             self._idle_waiters.append(waiter)
 
+    def close(self) -> None:
+        # The wrapped store is the job's (or the caller's) and stays open; the clients
+        # cloned for waits are ours, and close as their last reference goes.
+        with self._lock:
+            self._idle_waiters.clear()
+
     def _take_waiter(self) -> Any | None:
         with self._lock:
             if self._idle_waiters:
