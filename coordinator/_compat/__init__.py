@@ -47,7 +47,8 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``distributed_runtime_autotune``, ``aten_distributed_optimizations.spmd_check``).
 * ``select_algorithm``: each GEMM choice compiled once (``precompile_choices_in_process``:
   ``AlgorithmSelectorCache.make_precompile_fn``, ``AsyncCompile.use_process_pool``, a
-  classmethod; read from 2.11.0's source too); split autotuning's hook (``split_choice_benchmarks``):
+  classmethod, asked inside it; ran on 2.11.0 on an H100: the recompile probe and the
+  max-autotune benchmark); split autotuning's hook (``split_choice_benchmarks``):
   ``AlgorithmSelectorCache.benchmark_choices`` (classmethod: choices, ``AutotuneArgs``,
   ``is_collective``), ``AutotuneArgs.get_benchmark_tensors``, ``ChoiceCaller.hash_key``,
   ``TritonTemplateCaller.bmreq`` (``TritonGPUBenchmarkRequest``: ``module_path``,

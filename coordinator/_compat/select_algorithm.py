@@ -9,8 +9,9 @@ compiles each choice again, one at a time, in the rank's own thread: most of a
 max-autotune compile. :func:`precompile_choices_in_process` sends a selection's
 precompiles to the threads instead, whose kernels the timing then uses.
 
-**Split autotuning.** Inductor times a selection's choices in ``AlgorithmSelectorCache.benchmark_choices``
-(a classmethod: the choices and the tensors they run on). :func:`split_choice_benchmarks`
+**Split autotuning.** Inductor times a selection's choices in
+``AlgorithmSelectorCache.benchmark_choices`` (a classmethod: the choices and the tensors
+they run on). :func:`split_choice_benchmarks`
 replaces it while a session is active: each choice becomes a
 :class:`coordinator.split_tuning.WorkItem` that runs Inductor's own timing of that
 choice here, and a Triton template choice on a GPU also a :class:`TritonTemplateRequest`
