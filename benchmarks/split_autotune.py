@@ -20,10 +20,7 @@ gloo (``benchmarks/cold_start_job.py``, the example GPT under DDP). Columns: all
 own selections / for other ranks'), seconds the selecting rank blocked per selection, and
 the most bytes one follower received. Rows that would not start before ``--budget-s`` are
 skipped; a row still running at the end of the budget is killed and shown as a lower bound
-(a killed ``stock:1`` makes the ratios upper bounds). A stock rank alone takes most of a
-device call in max-autotune; ``--reference JSON`` divides by the ``stock:1`` of an earlier
-invocation instead (the table says which).
-Prints the table and one JSON line per run, writes the runs to
+(a killed ``stock:1`` makes the ratios upper bounds). Prints the table and one JSON line per run, writes the runs to
 ``benchmarks/results/<label>.json`` and the table into ``benchmarks/RESULTS.md``.
 """
 
@@ -73,8 +70,8 @@ def main() -> None:
     p.add_argument("--label", required=True)
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--rows", nargs="+", default=["stock:1", "ours:2"])
-    p.add_argument("--budget-s", type=float, default=560, help="skip rows that would not end before this")
-    p.add_argument("--reference", metavar="JSON", help="divide by the stock:1 row of this earlier results file")
+    p.add_argument("--budget-s", type=float, default=560,
+                   help="seconds for all rows; a row still running then is killed")
     p.add_argument("--job-logs", default=None, metavar="DIR", help="keep each job's output in DIR")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     p.add_argument("job_args", nargs=argparse.REMAINDER, help="after --: model flags for cold_start_job.py")
@@ -90,10 +87,6 @@ def main() -> None:
     reference_s = None
     reference_is_bound = False  # stock:1 was killed at its deadline: it took longer
     raw = {"command": "python benchmarks/split_autotune.py " + " ".join(sys.argv[1:]), "runs": [], "skipped": []}
-    if args.reference:
-        earlier = json.loads(Path(args.reference).read_text())
-        reference_s = next(r["all_done_s"] for r in earlier["runs"] if r["row"] == "stock:1")
-        raw["reference"] = {"file": args.reference, "stock:1 s": reference_s, "machine": earlier.get("machine")}
     table = []
     for spec, kind, n in rows:
         left = args.budget_s - (time.monotonic() - started)
@@ -110,7 +103,7 @@ def main() -> None:
                 log.parent.mkdir(parents=True, exist_ok=True)
             run = run_job(n, method, job_args, gpus=args.gpus, timeout=left, log=log)
         except JobTimedOut as exc:  # a lower bound: the row took longer than this
-            if spec == "stock:1" and reference_s is None:
+            if spec == "stock:1":
                 reference_s, reference_is_bound = exc.seconds, True
             row = {"row": spec, "timed_out_after_s": round(exc.seconds, 1)}
             table.append(row)
@@ -127,9 +120,8 @@ def main() -> None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        if spec == "stock:1":  # a reference from this call wins over --reference
-            reference_s, reference_is_bound = run["all_done_s"], False
-            raw.pop("reference", None)
+        if spec == "stock:1":
+            reference_s = run["all_done_s"]
         row = summarize(spec, run, reference_s)
         row["ratio_is_upper_bound"] = reference_is_bound
         table.append(row)
@@ -149,9 +141,7 @@ def markdown(label: str, raw: dict, table: list[dict], job_args: list[str]) -> s
         f"Command: `{raw['command']}`",
         "",
         f"Machine: {raw.get('machine', '?')}. Model flags: `{' '.join(job_args)}`. One run per row."
-        + (f" Skipped (budget): {', '.join(raw['skipped'])}." if raw["skipped"] else "")
-        + (f" ÷ stock:1 divides by {raw['reference']['stock:1 s']:.2f} s, the stock:1 row of "
-           f"`{raw['reference']['file']}` (another device call)." if raw.get("reference") else ""),
+        + (f" Skipped (budget): {', '.join(raw['skipped'])}." if raw["skipped"] else ""),
         "",
         "| row | all ranks done step 1 (s) | ÷ stock:1 | FX compiles | Triton compiles | items run per rank "
         "(own / for others) | selections | selecting rank blocked per selection (s) | bytes a follower received |",
