@@ -8,9 +8,10 @@ For every key the store holds at most these entries::
     c/<key>/<gen>    claim number <gen>: who is computing it (created atomically)
     h/<key>/<gen>    the claimant's heartbeat (a counter it bumps every lease/4)
     a/<key>/<gen>    "abandoned": the claimant finished without publishing
-    w/<key>/<gen>/<n>  the claimant's signals: "beat" at its n-th heartbeat, "end" once
-                     it published or abandoned, "moved" when claim <gen + 1> took it
-                     over (what waiters block on)
+    w/<key>/<gen>/<n>  the claimant's signals (what waiters block on): "beat" at its n-th
+                     heartbeat; once at the end "value:" + the value itself (up to
+                     ``INLINE_VALUE_BYTES``), "published" (a larger value: read v/) or
+                     "abandoned"; "moved" when claim <gen + 1> took it over
 
 :meth:`Singleflight.lookup` returns the value if it is published. Otherwise it
 tries to create claim 0; the rank that succeeds gets ``None`` back, computes the
@@ -26,7 +27,10 @@ collective) until one of four things happens:
 
 With ``signalled_waits``, waiters block on the claimant's next signal where the store
 can (the c10d store's ``wait``, Redis publish/subscribe; the directory store polls), so an
-idle waiter costs the store about two calls per heartbeat; the claimant signals either way.
+idle waiter costs the store about one call per heartbeat; the claimant signals either way.
+The last signal says how the claim ended and, for a value of up to ``INLINE_VALUE_BYTES``,
+carries the value: a woken waiter returns it without another store call. It is written
+right after ``v/<key>``, before anything else the publish does.
 A signalled waiter judges a lapsed lease at a random point of the lease's first tenth
 beyond it, and whoever takes the claim over signals "moved" on the old claim: the
 waiters of a dead claimant follow the taker at once instead of all timing out together.
@@ -77,6 +81,17 @@ _FIRST_POLL_S = 0.01
 _MAX_POLL_S = 0.2
 #: Claims in stores with expiry outlive any compile; stale ones are taken over by heartbeat.
 _CLAIM_TTL = timedelta(days=1)
+
+#: What a claimant writes in its signal slots ``w/<key>/<gen>/<n>``.
+BEAT = b"beat"
+MOVED = b"moved"
+ABANDONED = b"abandoned"
+PUBLISHED = b"published"  # the value is in v/<key>
+VALUE = b"value:"  # followed by the value itself
+#: Values up to this size ride in the end signal, so that a woken waiter makes no further
+#: store call; larger ones are read from v/<key> right after the wake-up (and a value in
+#: the signal is stored twice: in v/<key> for later lookups, and in the signal).
+INLINE_VALUE_BYTES = 64 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -224,7 +239,7 @@ class Singleflight:
                 # between our first read and the claim.
                 value = self.store.get(published)
                 if value is not None:
-                    self._drop_claim(key, delete=True)
+                    self._drop_claim(key)
                     return LookupResult(value, "hit")
                 return LookupResult(None, "claimed", time.monotonic() - started)
             if not may_wait:
@@ -256,7 +271,7 @@ class Singleflight:
         raw_beat = self.store.get(f"h/{key}/{gen}")
         beats = msgpack.unpackb(raw_beat)[0] if raw_beat is not None else 0
         for n in range(max(beats, 1), beats + 2):
-            self.store.signal(f"w/{key}/{gen}/{n}", b"moved")
+            self.store.signal(f"w/{key}/{gen}/{n}", MOVED)
 
     def _latest_gen(self, key: str, gen: int) -> int:
         while self.store.get(f"c/{key}/{gen + 1}") is not None:
@@ -282,8 +297,7 @@ class Singleflight:
             if value is not None:
                 return "waited", value
             if self.store.get(f"a/{key}/{gen}") is not None:
-                log.info("%s gave up on %s without publishing; compiling locally", owner, key)
-                return "abandoned", None
+                return self._abandoned(key, owner)
             now = time.monotonic()
             beat = self.store.get(f"h/{key}/{gen}")
             if beat != last_beat:
@@ -320,14 +334,16 @@ class Singleflight:
     def _wait_on_signals(self, key: str, gen: int, started: float, published: str,
                          owner: str) -> tuple[str, bytes | None]:
         """Wait for the claimant's signals: ``w/<key>/<gen>/<n>`` is written at its n-th
-        heartbeat ("beat") and once after it publishes or abandons ("end"). On a store that
-        can block, an idle waiter makes about two store calls per heartbeat (lease/4)
-        instead of three reads a poll; the four ways a wait ends are the same."""
+        heartbeat ("beat") and once when the claim ends (the value itself, "published" or
+        "abandoned"). On a store that can block, an idle waiter makes about one store call
+        per heartbeat (lease/4) instead of three reads a poll, and the end signal is the
+        last call of a wait; the four ways a wait ends are the same."""
         raw_beat = self.store.get(f"h/{key}/{gen}")
         beats = msgpack.unpackb(raw_beat)[0] if raw_beat is not None else 0
         last_change = time.monotonic()
         next_progress = last_change + self.progress_interval
         check = True
+        wants_value = published.startswith("v/")
         # Waiters of a dead claimant judge it at different moments: the first takes over
         # and signals "moved", which ends the others' waits before they time out.
         lease = self.lease * (1 + random.uniform(0, 0.1))
@@ -338,8 +354,7 @@ class Singleflight:
                     if value is not None:
                         return "waited", value
                     if self.store.get(f"a/{key}/{gen}") is not None:
-                        log.info("%s gave up on %s without publishing; compiling locally", owner, key)
-                        return "abandoned", None
+                        return self._abandoned(key, owner)
                     check = False
                 now = time.monotonic()
                 ended, next_progress = self._judge(key, owner, started, last_change, next_progress, now,
@@ -353,22 +368,41 @@ class Singleflight:
                 signal = watch.wait(f"w/{key}/{gen}/{beats + 1}", max(timeout, 0.0) + 0.001)
                 if signal is None:
                     continue
-                if signal == b"moved":
-                    log.info("%s on %s was taken over; following the new claimant", owner, key)
-                    return "expired", None
                 beats += 1
                 last_change = time.monotonic()
-                check = signal == b"end"
+                if signal == BEAT:
+                    continue
+                if signal.startswith(VALUE):
+                    return "waited", signal[len(VALUE):]
+                if signal == ABANDONED:
+                    return self._abandoned(key, owner)
+                if signal == MOVED:
+                    log.info("%s on %s was taken over; following the new claimant", owner, key)
+                    return "expired", None
+                if signal == PUBLISHED and not wants_value:
+                    return "waited", None  # an offer: the value is published, d/ follows it
+                # PUBLISHED (read v/, written before the signal), or a signal this version
+                # does not know: read the store, as a poll would.
+                check = True
 
-    def _signal_end(self, key: str, claim: _Claim) -> None:
-        """Wake this claim's waiters: it was published or abandoned."""
+    def _abandoned(self, key: str, owner: str) -> tuple[str, None]:
+        log.info("%s gave up on %s without publishing; compiling locally", owner, key)
+        return "abandoned", None
+
+    def _signal_end(self, key: str, claim: _Claim, signal: bytes) -> None:
+        """Wake this claim's waiters with how it ended (the value, "published" or
+        "abandoned"); no heartbeat follows."""
         with claim.lock:
             claim.ended = True
-            beat = claim.beats + 1
-        self.store.signal(f"w/{key}/{claim.gen}/{beat}", b"end")
+            slot = claim.beats + 1
+        self.store.signal(f"w/{key}/{claim.gen}/{slot}", signal)
 
     def publish(self, key: str, value: bytes) -> bool:
         """Store ``key``'s value and release this process's claim on it.
+
+        The value is written first, then the end signal (carrying a small value), then
+        the "done" marker, then the claim's own keys are deleted: a woken waiter finds
+        everything it reads already written.
 
         Returns:
             False if the store failed (the value stays local).
@@ -377,11 +411,16 @@ class Singleflight:
             return False
         try:
             self.store.set(f"v/{key}", value)
+            with self._lock:
+                claim = self._claims.pop(key, None)
+            if claim is not None:
+                self._signal_end(key, claim, VALUE + value if len(value) <= INLINE_VALUE_BYTES else PUBLISHED)
             self.store.set(f"d/{key}", b"1")
         except StoreError as exc:
             self._fail(exc)
             return False
-        self._drop_claim(key, delete=True)
+        if claim is not None:
+            self._delete_claim(key, claim)
         return True
 
     def abandon(self, key: str) -> None:
@@ -392,7 +431,7 @@ class Singleflight:
             return
         try:
             self.store.set(f"a/{key}/{claim.gen}", msgpack.packb(time.time()))
-            self._signal_end(key, claim)
+            self._signal_end(key, claim, ABANDONED)
             log.debug("abandoned claim on %s (generation %d)", key, claim.gen)
         except StoreError as exc:
             self._fail(exc)
@@ -409,13 +448,20 @@ class Singleflight:
             self.abandon(key)
         return len(keys)
 
-    def _drop_claim(self, key: str, *, delete: bool) -> None:
+    def _drop_claim(self, key: str) -> None:
+        """Release a claim whose value another process published meanwhile."""
         with self._lock:
             claim = self._claims.pop(key, None)
-        if claim is None or not delete:
+        if claim is None:
             return
         try:
-            self._signal_end(key, claim)
+            self._signal_end(key, claim, PUBLISHED)
+        except StoreError as exc:
+            log.debug("could not signal the end of claim on %s: %s", key, exc)
+        self._delete_claim(key, claim)
+
+    def _delete_claim(self, key: str, claim: _Claim) -> None:
+        try:
             self.store.delete(f"c/{key}/{claim.gen}")
             self.store.delete(f"h/{key}/{claim.gen}")
         except StoreError as exc:
@@ -443,7 +489,7 @@ class Singleflight:
                             continue
                         claim.beats += 1
                         self.store.set(f"h/{key}/{claim.gen}", msgpack.packb([claim.beats, time.time()]))
-                        self.store.signal(f"w/{key}/{claim.gen}/{claim.beats}", b"beat")
+                        self.store.signal(f"w/{key}/{claim.gen}/{claim.beats}", BEAT)
                 except StoreError as exc:
                     log.debug("heartbeat for %s failed: %s", key, exc)
 

@@ -3,6 +3,7 @@ polls): each of the four ways a wait ends, on each store, with the claimant in a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -29,7 +30,7 @@ assert f.lookup("k", blocking=True).outcome == "claimed"
 print("claimed", flush=True)
 time.sleep(spec["hold"])
 if spec["end"] == "publish":
-    f.publish("k", b"value")
+    f.publish("k", b"x" * spec["value_size"] if spec.get("value_size") else b"value")
 elif spec["end"] == "abandon":
     f.abandon("k")
 else:
@@ -48,8 +49,8 @@ def store_spec(request, tmp_path):
     return request.param, f"file://{tmp_path}"
 
 
-def claimant(store: str, end: str, hold: float, lease: float = 1.0) -> subprocess.Popen:
-    spec = json.dumps({"store": store, "end": end, "hold": hold, "lease": lease})
+def claimant(store: str, end: str, hold: float, lease: float = 1.0, value_size: int = 0) -> subprocess.Popen:
+    spec = json.dumps({"store": store, "end": end, "hold": hold, "lease": lease, "value_size": value_size})
     proc = subprocess.Popen([sys.executable, "-c", CLAIMANT, spec], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "claimed"
     return proc
@@ -141,3 +142,55 @@ def test_waiters_of_a_dead_claimant_follow_the_first_to_take_over(store_spec):
     assert not thread.is_alive()
     assert (results["patient"].value, results["patient"].outcome) == (b"value", "waited")
     assert time.monotonic() - killed < 6  # not the patient waiter's own 30 s lease
+
+
+class CallLog(TimedStore):
+    """Names every store call, and the wake-ups of watches, in order."""
+
+    def __init__(self, inner, names: list) -> None:
+        super().__init__(inner, lambda seconds: None)
+        self.names = names
+        for name in ("get", "set", "add_if_absent", "delete", "signal"):
+            method = getattr(inner, name)
+            setattr(self, name, lambda *a, _m=method, _n=name, **k: (names.append(_n), _m(*a, **k))[1])
+
+    @contextlib.contextmanager
+    def watch(self, prefix):
+        names = self.names
+
+        class Logged:
+            def __init__(self, watch):
+                self.inner, self.blocking = watch, watch.blocking
+
+            def wait(self, key, timeout_s):
+                value = self.inner.wait(key, timeout_s)
+                names.append("wake" if value is not None else "timeout")
+                return value
+
+        with self.inner.watch(prefix) as watch:
+            yield Logged(watch)
+
+
+@pytest.mark.parametrize("size", [100, 200_000])
+def test_the_end_signal_carries_a_small_value(store_spec, size):
+    """A value up to INLINE_VALUE_BYTES comes with the wake-up: the waiter makes no store call
+    after it. A larger one is read from the store right after the wake-up, once."""
+    from coordinator.singleflight import INLINE_VALUE_BYTES
+
+    assert 100 <= INLINE_VALUE_BYTES < 200_000
+    kind, url = store_spec
+    proc = claimant(url, "publish", hold=1.0, lease=30.0, value_size=size)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from split_tuning_proc import open_test_store
+
+    names: list = []
+    f = Singleflight(CallLog(open_test_store(url), names), owner=Owner.this_process(1),
+                     lease=timedelta(seconds=30), wait_timeout=timedelta(seconds=30),
+                     progress_interval=timedelta(seconds=30), signalled_waits=True)
+    result = f.lookup("k", blocking=True)
+    assert (result.value, result.outcome) == (b"x" * size, "waited")
+    assert proc.wait(10) == 0
+    if kind == "file":  # polls: the value is read like any key
+        return
+    after_wake = names[names.index("wake") + 1:]
+    assert after_wake == ([] if size == 100 else ["get"]), names

@@ -14,9 +14,10 @@ values above ``CHUNK_BYTES`` are written as chunks and a manifest
 (:mod:`coordinator.stores.chunks`, as the Redis store does); the lock is released
 between chunks so heartbeats go on.
 
-A blocking wait (:meth:`C10dStore.watch`) runs on a client of its own (``clone``), kept
-in a pool and reused; :meth:`C10dStore.prepare_watch` opens the first one when the
-session starts, so that a job's waiters do not all connect at the moment of the first wait.
+A blocking wait (:meth:`C10dStore.watch`) is a ``get``, which blocks until the key exists,
+on a client of its own (``clone``), kept in a pool and reused;
+:meth:`C10dStore.prepare_watch` opens the first one when the session starts, so that a
+job's waiters do not all connect at the moment of the first wait.
 """
 
 from __future__ import annotations
@@ -147,7 +148,9 @@ class C10dStore(Store):
 
 
 class _C10dWatch(Watch):
-    """The c10d store's server-side ``wait`` on a client of its own."""
+    """A blocking ``get`` on a client of its own: TCPStore's ``get`` waits on the server
+    until the key exists, so the wake-up and the signal's value come in one call (the
+    client's ``wait`` and then a ``get`` would be two, each a return to Python)."""
 
     blocking = True
 
@@ -157,13 +160,10 @@ class _C10dWatch(Watch):
     def wait(self, key: str, timeout_s: float) -> bytes | None:
         full = self.store._prefix + check_key(key)
         try:
-            self.client.wait([full], timedelta(seconds=max(timeout_s, 0.001)))
+            self.client.set_timeout(timedelta(seconds=max(timeout_s, 0.001)))
+            head = bytes(self.client.get(full))
         except Exception as exc:
             if "timeout" in str(exc).lower():
                 return None
             raise StoreError(f"torch.distributed store wait failed: {exc}") from exc
-        try:
-            head = bytes(self.client.get(full))
-        except Exception as exc:
-            raise StoreError(f"torch.distributed store get failed: {exc}") from exc
         return chunks.join(key, head, lambda upload_id, n: [None] * n) if head else None

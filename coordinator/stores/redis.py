@@ -11,7 +11,9 @@ is chosen.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -46,6 +48,8 @@ class RedisStore(Store):
         )
         self._chunk_bytes = chunk_bytes
         self._prefix = prefix
+        self._subscribers: list[Any] = []  # subscriber connections not in a wait
+        self._subscribers_lock = threading.Lock()
         # Never log the password.
         self.name = f"redis {url.split('@')[-1]}"
 
@@ -106,44 +110,65 @@ class RedisStore(Store):
         self._delete_chunks(key, old)
 
     def signal(self, key: str, value: bytes) -> None:
+        # The key for a waiter that subscribes later, the message (with the value) for the
+        # subscribed ones: one round trip.
         import msgpack
 
-        self._run("SET", self._client.set, self._key(key), chunks.RAW + value)
         channel, _, name = self._key(key).rpartition("/")
-        self._run("PUBLISH", self._client.publish, channel, msgpack.packb([name, value]))
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(self._key(key), chunks.RAW + value)
+        pipe.publish(channel, msgpack.packb([name, value]))
+        self._run("SET+PUBLISH", pipe.execute)
 
     @contextlib.contextmanager
     def watch(self, prefix: str) -> Iterator[Watch]:
-        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        # A subscriber connection is kept between waits (a pool of them, one per concurrent
+        # wait): reconnecting at every wait would add a connect per node to each publish. A
+        # wait's channel is left at the start of the next wait, so that nothing but the
+        # message lies between a wake-up and the caller.
+        pubsub = self._take_subscriber()
         channel = self._key(prefix).rstrip("/")
-        self._run("SUBSCRIBE", pubsub.subscribe, channel)
         try:
-            yield _RedisWatch(self, pubsub, prefix.rstrip("/"))
-        finally:
+            left = getattr(pubsub, "coordinator_channel", None)
+            if left is not None and left != channel:
+                self._run("UNSUBSCRIBE", pubsub.unsubscribe, left)
+            pubsub.coordinator_channel = None
+            self._run("SUBSCRIBE", pubsub.subscribe, channel)
+            pubsub.coordinator_channel = channel
+            yield _RedisWatch(self, pubsub, channel)
+        except BaseException:
             with contextlib.suppress(*self._redis_errors):
-                pubsub.unsubscribe()
                 pubsub.close()
+            raise
+        with self._subscribers_lock:
+            self._subscribers.append(pubsub)
+
+    def _take_subscriber(self) -> Any:
+        with self._subscribers_lock:
+            if self._subscribers:
+                return self._subscribers.pop()
+        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        # A channel of its own keeps the connection subscribed (open) between waits.
+        self._run("SUBSCRIBE", pubsub.subscribe, f"{self._prefix}idle/{uuid.uuid4().hex}")
+        return pubsub
 
     def prepare_watch(self) -> None:
-        # A subscription holds a connection of the pool for as long as it waits, while the
-        # other calls need one too: connect two now, not a job's worth at the first wait
-        # (at 1,000 waiters such a burst delayed the first value by 5 to 17 s).
-        pool = self._client.connection_pool
-
-        def take():
-            try:
-                return pool.get_connection()
-            except TypeError:  # redis-py < 5.3 wants a command name
-                return pool.get_connection("SUBSCRIBE")
-
-        def connect():
-            connections = [take(), take()]
-            for connection in connections:
-                pool.release(connection)
-
-        self._run("connect", connect)
+        # Open the subscriber connection and one for the other calls now, not a job's worth
+        # at the first wait (at 1,000 waiters such a burst delayed the first value by 5 to 17 s).
+        with self._subscribers_lock:
+            if self._subscribers:
+                return
+        subscriber = self._take_subscriber()
+        with self._subscribers_lock:
+            self._subscribers.append(subscriber)
+        self._run("PING", self._client.ping)
 
     def close(self) -> None:
+        with self._subscribers_lock:
+            subscribers, self._subscribers = self._subscribers, []
+        for pubsub in subscribers:
+            with contextlib.suppress(*self._redis_errors):
+                pubsub.close()
         self._client.close()
 
 
@@ -153,8 +178,8 @@ class _RedisWatch(Watch):
 
     blocking = True
 
-    def __init__(self, store: RedisStore, pubsub: Any, prefix: str) -> None:
-        self.store, self.pubsub, self.prefix = store, pubsub, prefix
+    def __init__(self, store: RedisStore, pubsub: Any, channel: str) -> None:
+        self.store, self.pubsub, self.channel = store, pubsub, channel.encode()
         self.seen: dict[str, bytes] = {}
         self.live = False
 
@@ -175,7 +200,8 @@ class _RedisWatch(Watch):
             if left <= 0:
                 return None
             message = self.store._run("message", self.pubsub.get_message, timeout=left)
-            if message is None or message.get("type") != "message":
+            # Skip other messages: a channel of an earlier wait on this connection, a pong.
+            if message is None or message.get("type") != "message" or message.get("channel") != self.channel:
                 continue
             got, value = msgpack.unpackb(message["data"])
             self.seen[got] = value
