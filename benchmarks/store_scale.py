@@ -308,8 +308,8 @@ def run_bare(nodes: int, store: str, args) -> dict:
         try:
             per = shares(nodes, args.procs)
             outs = [f"{tmp}/woke-{i}.json" for i in range(len(per))]
-            procs = [spawn({"role": "bare", "url": server.url, "count": count, "out": out, "go": f"{tmp}/go"})
-                     for count, out in zip(per, outs, strict=True)]
+            procs = spawn([{"role": "bare", "url": server.url, "count": count, "out": out, "go": f"{tmp}/go"}
+                           for count, out in zip(per, outs, strict=True)])
             Path(f"{tmp}/go").touch()
             time.sleep(3)  # every thread blocked
             if store == "c10d":
@@ -362,14 +362,15 @@ def run(nodes: int, store: str, waits: str, args) -> dict:
                     "load_s": args.load_s,
                     "go": f"{tmp}/go"}
             memory_before = server.memory_bytes()
-            victim_proc = spawn({**base, "role": "victim"})
-            procs, outs = [], []
+            (victim_proc,) = spawn([{**base, "role": "victim"}])  # holds graph 1 before any leader asks
+            specs, outs = [], []
             per = shares(nodes, args.procs)
             first = 0
             for i, count in enumerate(per):
                 outs.append(f"{tmp}/records-{i}.json")
-                procs.append(spawn({**base, "role": "worker", "first": first, "count": count, "out": outs[-1]}))
+                specs.append({**base, "role": "worker", "first": first, "count": count, "out": outs[-1]})
                 first += count
+            procs = spawn(specs)
             cpu_before, started = server.cpu_s(), time.time()
             Path(base["go"]).touch()
             time.sleep(args.kill_after_s)
@@ -390,13 +391,15 @@ def run(nodes: int, store: str, waits: str, args) -> dict:
     return summarize(records, nodes, store, waits, duration, cpu, memory, killed_at, args)
 
 
-def spawn(spec: dict) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, __file__, "--role", json.dumps(spec)], stdout=subprocess.PIPE, text=True,
-                            preexec_fn=raise_fd_limit)
-    line = proc.stdout.readline().strip()
-    if line != "ready":
-        raise SystemExit(f"{spec['role']} did not start: {line!r}")
-    return proc
+def spawn(specs: list[dict]) -> list[subprocess.Popen]:
+    """Start one process per spec, all at once, and wait until each says it is ready."""
+    procs = [subprocess.Popen([sys.executable, __file__, "--role", json.dumps(spec)], stdout=subprocess.PIPE,
+                              text=True, preexec_fn=raise_fd_limit) for spec in specs]
+    for spec, proc in zip(specs, procs, strict=True):
+        line = proc.stdout.readline().strip()
+        if line != "ready":
+            raise SystemExit(f"{spec['role']} did not start: {line!r}")
+    return procs
 
 
 def summarize(records, nodes, store, waits, duration, cpu, memory, killed_at, args) -> dict:
