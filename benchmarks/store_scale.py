@@ -283,6 +283,7 @@ def bare_waiter(spec: dict) -> None:
         try:
             wait()
             woke.append(time.time())
+            time.sleep(spec.get("load_s", 0))  # idle, as a leader loading its graph: no exit in the herd
         except Exception:  # noqa: BLE001 - counted as a missed wake-up
             woke.append(None)
 
@@ -308,7 +309,8 @@ def run_bare(nodes: int, store: str, args) -> dict:
         try:
             per = shares(nodes, args.procs)
             outs = [f"{tmp}/woke-{i}.json" for i in range(len(per))]
-            procs = spawn([{"role": "bare", "url": server.url, "count": count, "out": out, "go": f"{tmp}/go"}
+            procs = spawn([{"role": "bare", "url": server.url, "count": count, "out": out, "go": f"{tmp}/go",
+                            "load_s": args.load_s}
                            for count, out in zip(per, outs, strict=True)])
             Path(f"{tmp}/go").touch()
             time.sleep(3)  # every thread blocked
