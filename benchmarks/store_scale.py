@@ -4,7 +4,7 @@
     python benchmarks/store_scale.py --nodes 1000 --store redis --waits polling
     python benchmarks/store_scale.py --sweep          # N = 8, 64, 256, 1000; both stores; all waits
     python benchmarks/store_scale.py --sweep --label store-scale-h100 --sweep-nodes 1000 \
-        --sweep-waits bare signalled --procs 64 --repeat 3 --results-dir $OUT --out $OUT/RESULTS.md
+        --sweep-waits bare-wake bare signalled --procs 64 --repeat 3 --results-dir $OUT --out $OUT/RESULTS.md
 
 Starts a real server (a TCPStore in a process of its own, or redis-server) on loopback and
 ``--procs`` worker processes that each run N/procs node leaders as threads, one store
@@ -20,9 +20,12 @@ lease lapses. ``--waits polling`` runs the waits as they were before signalled w
 reads a poll, 10 to 200 ms apart), for the before/after comparison.
 
 ``--waits bare`` measures the floor under both: each leader blocks on the store's own
-primitive for one key (a raw TCPStore ``wait``, a Redis subscription), the script writes it,
-and ``p50_ms``/``p99_ms`` are write to wake-up, with no protocol around it. On a machine
-that also runs every simulated leader, this is what the leaders' own CPU allows.
+primitive for reading one key (TCPStore's blocking ``get``, a Redis subscription), the
+script writes a ``--value-bytes`` value to it, and ``p50_ms``/``p99_ms`` are write to the
+value in hand, with no protocol around it. ``--waits bare-wake`` is the wake-up alone (a raw
+TCPStore ``wait``; a one-byte Redis message): TCPStore's ``get`` is a ``wait`` and then a
+read, one more round trip. On a machine that also runs every simulated leader, these are
+what the leaders' own CPU allows.
 
 One JSON line per run: ``nodes``, ``store``, ``waits``, ``p50_ms``/``p99_ms``/``max_ms``
 (publish to each waiter's return), where that time goes (``publish_to_signal_ms_max``: the
@@ -250,6 +253,9 @@ def worker(spec: dict) -> None:
     Path(spec["out"]).write_text(json.dumps(records))
 
 
+WAITS = ("signalled", "polling", "bare", "bare-wake")
+
+
 def shares(nodes: int, procs: int) -> list[int]:
     """How many of ``nodes`` leaders each worker process runs."""
     n = max(1, min(procs, nodes))
@@ -266,7 +272,10 @@ def bare_waiter(spec: dict) -> None:
 
             host, port = spec["url"][len("tcp://"):].rsplit(":", 1)
             client = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=120))
-            clients.append(lambda c=client: c.wait(["bare/go"], timedelta(seconds=120)))
+            if spec["read"]:  # TCPStore's blocking read: wait for the key, then fetch it
+                clients.append(lambda c=client: c.get("bare/go"))
+            else:
+                clients.append(lambda c=client: c.wait(["bare/go"], timedelta(seconds=120)))
         else:
             import redis
 
@@ -274,15 +283,16 @@ def bare_waiter(spec: dict) -> None:
             pubsub.subscribe("bare/go")
 
             def wait(p=pubsub):
-                while p.get_message(timeout=120) is None:
+                while (message := p.get_message(timeout=120)) is None:
                     pass
+                return message["data"]
 
             clients.append(wait)
     def wait_and_record(wait) -> None:
         go.wait()
         try:
-            wait()
-            woke.append(time.time())
+            got = wait()
+            woke.append(time.time() if not spec["read"] or len(got) == spec["value_bytes"] else None)
             time.sleep(spec.get("load_s", 0))  # idle, as a leader loading its graph: no exit in the herd
         except Exception:  # noqa: BLE001 - counted as a missed wake-up
             woke.append(None)
@@ -302,7 +312,7 @@ def bare_waiter(spec: dict) -> None:
     Path(spec["out"]).write_text(json.dumps(woke))
 
 
-def run_bare(nodes: int, store: str, args) -> dict:
+def run_bare(nodes: int, store: str, args, read: bool = True) -> dict:
     raise_fd_limit()
     with tempfile.TemporaryDirectory() as tmp:
         server = Server(store, tmp)
@@ -310,23 +320,24 @@ def run_bare(nodes: int, store: str, args) -> dict:
             per = shares(nodes, args.procs)
             outs = [f"{tmp}/woke-{i}.json" for i in range(len(per))]
             procs = spawn([{"role": "bare", "url": server.url, "count": count, "out": out, "go": f"{tmp}/go",
-                            "load_s": args.load_s}
+                            "load_s": args.load_s, "read": read, "value_bytes": args.value_bytes}
                            for count, out in zip(per, outs, strict=True)])
             Path(f"{tmp}/go").touch()
             time.sleep(3)  # every thread blocked
+            value = b"v" * args.value_bytes if read else b"1"
             if store == "c10d":
                 import torch.distributed as dist
 
                 host, port = server.url[len("tcp://"):].rsplit(":", 1)
                 client = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
                 written = time.time()
-                client.set("bare/go", b"1")
+                client.set("bare/go", value)
             else:
                 import redis
 
                 client = redis.Redis.from_url(server.url)
                 written = time.time()
-                client.publish("bare/go", b"1")
+                client.publish("bare/go", value)
             for proc in procs:
                 if proc.wait(120) != 0:
                     raise SystemExit(f"a bare waiter failed ({proc.returncode})")
@@ -335,7 +346,8 @@ def run_bare(nodes: int, store: str, args) -> dict:
         woke = [t for out in outs for t in json.loads(Path(out).read_text())]
         latencies = sorted((t - written) * 1000 for t in woke if t is not None)
     pct = {q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 1) for q in (0.5, 0.99)}
-    return {"nodes": nodes, "store": store, "waits": "bare", "p50_ms": pct[0.5], "p99_ms": pct[0.99],
+    return {"nodes": nodes, "store": store, "waits": "bare" if read else "bare-wake",
+            "p50_ms": pct[0.5], "p99_ms": pct[0.99],
             "max_ms": round(latencies[-1], 1), "ops_per_waiter_s": None, "ops_per_s": None, "server_cpu": None,
             "takeover_s": None, "timeouts": sum(t is None for t in woke),
             "wrong_takeovers": None, "wrong_values": None, "publish_to_signal_ms_max": None,
@@ -450,11 +462,17 @@ def summarize(records, nodes, store, waits, duration, cpu, memory, killed_at, ar
 # -- the sweep -----------------------------------------------------------------------------
 
 
+def one_run(nodes: int, store: str, waits: str, args) -> dict:
+    if waits.startswith("bare"):
+        return run_bare(nodes, store, args, read=waits == "bare")
+    return run(nodes, store, waits, args)
+
+
 def measure(nodes: int, store: str, waits: str, args) -> dict:
     """One row: ``--repeat`` runs, the one with the median p99 kept, every run's p99 listed."""
     runs = []
     for _ in range(args.repeat):
-        runs.append(run_bare(nodes, store, args) if waits == "bare" else run(nodes, store, waits, args))
+        runs.append(one_run(nodes, store, waits, args))
         print(json.dumps(runs[-1]), flush=True)
     runs.sort(key=lambda r: (r["p99_ms"] is None, r["p99_ms"]))
     row = dict(runs[(len(runs) - 1) // 2])
@@ -479,7 +497,7 @@ def sweep(args) -> None:
                 row = measure(nodes, store, waits, args)
                 same = (row["nodes"], row["store"], row["waits"])
                 rows = [r for r in rows if (r["nodes"], r["store"], r["waits"]) != same] + [row]
-                order = {"bare": 0, "polling": 1, "signalled": 2}
+                order = {"bare-wake": 0, "bare": 1, "polling": 2, "signalled": 3}
                 rows.sort(key=lambda r: (r["nodes"], r["store"], order[r["waits"]]))
                 path.write_text(json.dumps({"commands": commands, "machine": machine(args.procs), "rows": rows},
                                            indent=1))
@@ -510,15 +528,16 @@ def machine(procs: int) -> str:
 
 
 def markdown(rows: list[dict], commands: list[str], machine_line: str, label: str) -> str:
-    spec = next(r for r in rows if r["waits"] != "bare")
+    spec = next(r for r in rows if not r["waits"].startswith("bare"))
     lines = [
         f"#### Run `{label}` ({time.strftime('%Y-%m-%d')})", "",
         "Commands (later ones measured their rows again): " + ", ".join(f"`{c}`" for c in commands),
         "",
         f"Machine: {machine_line}. Graphs {spec['graphs']}, compile {spec['compile_s']} s each, a leader "
         f"loads a graph {spec.get('load_s', 0)} s before it looks up the next; lease {spec['lease_s']} s; graph "
-        "1's first claimant is killed. Waits \"bare\": the store's own primitive, one write to every waiter, "
-        "no protocol (the floor on this machine). p99 columns: the median run's, each run's p99 in the last "
+        "1's first claimant is killed. Waits \"bare\": the store's own blocking read, one write of the value "
+        "to every waiter, no protocol (the floor on this machine); \"bare-wake\": its wake-up alone, no value. "
+        "p99 columns: the median run's, each run's p99 in the last "
         "column.", "",
         "| nodes | store | waits | publish → waiter p50 (ms) | p99 (ms) | max (ms) | publish → end signal, max (ms) "
         "| end signal → woken, p99 (ms) | woken → returned, p99 (ms) | store calls per waiter per s "
@@ -548,7 +567,7 @@ def plot(rows: list[dict], path: Path) -> None:
     colors = {"c10d": "tab:blue", "redis": "tab:red"}
     for ax, (key, title) in zip(axes.flat, metrics, strict=True):
         for store in ("c10d", "redis"):
-            for waits, style in (("bare", ":"), ("polling", "--"), ("signalled", "-")):
+            for waits, style in (("bare", ":"), ("bare-wake", "-."), ("polling", "--"), ("signalled", "-")):
                 points = [(r["nodes"], r[key]) for r in rows if r["store"] == store and r["waits"] == waits
                           and r[key] is not None]
                 if points:
@@ -568,7 +587,7 @@ def main() -> None:
     p.add_argument("--role", default=None, help=argparse.SUPPRESS)
     p.add_argument("--nodes", type=int, default=64)
     p.add_argument("--store", choices=("c10d", "redis"), default="c10d")
-    p.add_argument("--waits", choices=("signalled", "polling", "bare"), default="signalled")
+    p.add_argument("--waits", choices=WAITS, default="signalled")
     p.add_argument("--graphs", type=int, default=3)
     p.add_argument("--compile-s", type=float, default=2.0)
     p.add_argument("--load-s", type=float, default=1.0,
@@ -587,7 +606,7 @@ def main() -> None:
     p.add_argument("--render", action="store_true", help="only write the table of --label from its results file")
     p.add_argument("--sweep-nodes", type=int, nargs="+", default=[8, 64, 256, 1000])
     p.add_argument("--sweep-stores", nargs="+", choices=("c10d", "redis"), default=["c10d", "redis"])
-    p.add_argument("--sweep-waits", nargs="+", choices=("bare", "polling", "signalled"),
+    p.add_argument("--sweep-waits", nargs="+", choices=WAITS,
                    default=["bare", "polling", "signalled"])
     args = p.parse_args()
     if args.role:
@@ -600,8 +619,7 @@ def main() -> None:
     elif args.sweep:
         sweep(args)
     else:
-        row = run_bare(args.nodes, args.store, args) if args.waits == "bare" else \
-            run(args.nodes, args.store, args.waits, args)
+        row = one_run(args.nodes, args.store, args.waits, args)
         print(json.dumps(row), flush=True)
 
 
