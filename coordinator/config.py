@@ -21,6 +21,7 @@ share_local_hits             COORDINATOR_SHARE_LOCAL_HITS        true
 split_autotune               COORDINATOR_SPLIT_AUTOTUNE          false
 compile_choices_once         COORDINATOR_COMPILE_CHOICES_ONCE    true
 signalled_waits              COORDINATOR_SIGNALLED_WAITS         true
+early_backward               COORDINATOR_EARLY_BACKWARD          true
 ===========================  ==================================  ==========================
 """
 
@@ -57,6 +58,7 @@ _ENV = {
     "split_autotune": "COORDINATOR_SPLIT_AUTOTUNE",
     "compile_choices_once": "COORDINATOR_COMPILE_CHOICES_ONCE",
     "signalled_waits": "COORDINATOR_SIGNALLED_WAITS",
+    "early_backward": "COORDINATOR_EARLY_BACKWARD",
 }
 
 
@@ -98,6 +100,7 @@ _PARSE_ENV = {
     "split_autotune": _flag,
     "compile_choices_once": _flag,
     "signalled_waits": _flag,
+    "early_backward": _flag,
 }
 
 
@@ -155,6 +158,11 @@ class Config:
     """Waiting ranks block on the claimant's heartbeat and end signals (the c10d store's
     server-side ``wait``, Redis publish/subscribe) instead of polling the store; the
     directory store polls either way. False polls (three reads every 10 to 200 ms)."""
+
+    early_backward: bool = True
+    """A rank that waits for another rank's FX graph first compiles the backward graphs
+    it already knows, which AOTAutograd would compile one by one at the first backward
+    pass (``coordinator.early_backward``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.secret, str):

@@ -17,6 +17,9 @@ read; and Inductor's switches that run collectives inside a compile are off
 the timing of a GEMM's choices goes through the session (``_compat.split_choice_benchmarks``),
 which shares it with the ranks that wait (``coordinator.split_tuning``), and each choice
 is precompiled where its timing finds it (``_compat.precompile_choices_in_process``).
+Backward graphs AOTAutograd defers to the first backward call are reported to the session
+(``_compat.deferred_backwards``), whose rank compiles them while it waits for another
+rank's graph (``coordinator.early_backward``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ def _backend_class(session: Session, kind: str) -> type:
     def _get(self, key: str) -> bytes | None:
         try:
             return session.get(kind, key)
+        except _compat.SkipCompile:  # ends an early compile (``coordinator.early_backward``)
+            raise
         except Exception:  # never let the coordinator fail a compile
             log.warning("compile_once: %s lookup failed; compiling locally", kind, exc_info=True)
             return None
@@ -72,6 +77,8 @@ def route_caches(session: Session) -> Iterator[None]:
         _compat.split_choice_benchmarks(session.select_choices, WorkItem) if session.config.split_autotune
         else contextlib.nullcontext(),
         _compat.precompile_choices_in_process() if session.config.compile_choices_once
+        else contextlib.nullcontext(),
+        _compat.deferred_backwards(session.early.add) if session.config.early_backward and "fx_graph" in backends
         else contextlib.nullcontext(),
     ):
         yield

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from coordinator import _compat
 from coordinator.artifacts import TRITON_PREFIX, collect_kernels, emit_kernels, emit_triton_kernels, read_kernels
 from coordinator.config import Config
+from coordinator.early_backward import EarlyBackwards
 from coordinator.errors import ConfigError, IntegrityError, StoreError, WaitTimeout
 from coordinator.fingerprint import fingerprint
 from coordinator.integrity import open_sealed, seal
@@ -127,6 +128,11 @@ class Session:
         self._rank_dependent: set[str] = set()
         #: Split autotuning (``coordinator.split_tuning``), once the store is open.
         self._tuning: SplitTuning | None = None
+        #: Backward graphs this rank compiles while it waits (``coordinator.early_backward``).
+        self.early = EarlyBackwards(self.early_compile)
+        self.stats.early_backward = self.early.counts
+        #: Claims of the early compile running on each thread (None: none runs).
+        self._early = threading.local()
 
     # -- store -------------------------------------------------------------------------
 
@@ -219,22 +225,27 @@ class Session:
         """Look ``key`` up once per node: from this node's copy, else (under the node
         lock, so sibling ranks wait here instead of asking the store) from the store."""
         step_claims = getattr(self._step, "claims", None)
+        early_claims = getattr(self._early, "claims", None)
         blocking = kind in BLOCKING_KINDS or (kind == "autotune" and step_claims is not None)
         node = self._node
         local = node.read(key)
         if local is not None:
             return LookupResult(local, "node")
         started = time.monotonic()
-        # Waiting on the node lock is waiting too: a rank that holds a claim only tries it.
-        timeout = 0.0 if flight.holds_claims() else self.config.wait_timeout.total_seconds()
+        # Waiting on the node lock is waiting too: a rank that holds a claim, or runs an
+        # early compile, only tries it.
+        may_wait = not flight.holds_claims() and early_claims is None
+        timeout = self.config.wait_timeout.total_seconds() if may_wait else 0.0
+        # A rank waiting for a graph first compiles the backward graphs it knows.
+        work_first = self.early.help_once if kind == "fx_graph" and self.config.early_backward else None
         try:
-            helping = self._tuning.help_once if self._tuning is not None else None
+            helping = self._helper(work_first) if may_wait else None
             with node.lock(key, timeout, helping):
                 lock_wait = time.monotonic() - started
                 local = node.read(key)
                 if local is not None:
                     return LookupResult(local, "node", lock_wait)
-                result = flight.lookup(key, blocking=blocking)
+                result = flight.lookup(key, blocking=blocking, before_waiting=work_first)
                 result.waited_s += lock_wait
                 if result.value is not None:
                     node.write(key, result.value)
@@ -244,9 +255,20 @@ class Session:
         except OSError as exc:
             log.warning("compile_once: node-local lookup of %s failed (%s); asking the store", key, exc)
             result = flight.lookup(key, blocking=blocking)
-        if result.outcome == "claimed" and step_claims is not None:
-            step_claims.append(key)
+        if result.outcome == "claimed":
+            for claims in (step_claims, early_claims):
+                if claims is not None:
+                    claims.append(key)
         return result
+
+    def _helper(self, work_first: Callable[[], bool] | None) -> Callable[[], bool] | None:
+        """What a rank does while it waits on the node lock: split autotuning's items
+        and, for an FX graph, early backward compiles."""
+        helpers = [helper for helper in (self._tuning.help_once if self._tuning is not None else None, work_first)
+                   if helper is not None]
+        if not helpers:
+            return None
+        return lambda: any(helper() for helper in helpers)
 
     def _key(self, kind: str, inductor_key: str) -> str:
         digest = hashlib.sha256(inductor_key.encode()).hexdigest()[:40]
@@ -289,6 +311,10 @@ class Session:
             self._asked_fx.add(inductor_key)
         key = self._key(kind, inductor_key)
         result = self._lookup(flight, kind, key)
+        if kind == "fx_graph" and getattr(self._early, "claims", None) is not None and result.outcome != "claimed":
+            # An early compile goes on only for a graph it claimed; one that a rank has,
+            # or is compiling, is loaded when the backward pass needs it.
+            raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
         if result.waited_s:
             self.stats.record_wait(result.waited_s)
         if result.outcome == "unavailable":
@@ -430,6 +456,24 @@ class Session:
             if claims and self._flight is not None:
                 for key in claims:
                     self._flight.abandon(key)  # a no-op for a key the step published
+
+    @contextlib.contextmanager
+    def early_compile(self) -> Iterator[list[str]]:
+        """A backward graph compiled early, inside a wait on this thread
+        (``coordinator.early_backward``): its lookups never wait, an FX lookup that does
+        not claim stops it (``SkipCompile``), and the claims it leaves unpublished are
+        released when it ends. Yields the list of keys it claims."""
+        flight = self.flight()
+        if flight is None:
+            raise _compat.SkipCompile("no store")
+        self._early.claims = claims = []
+        try:
+            with flight.no_waits():
+                yield claims
+        finally:
+            self._early.claims = None
+            for key in claims:
+                flight.abandon(key)  # a no-op for a key it published
 
     def _mark_rank_dependent(self, flight: Singleflight, key: str, reads: list[str]) -> None:
         """Publish a mark in place of a graph whose code read the rank: ranks waiting on

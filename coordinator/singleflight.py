@@ -56,10 +56,16 @@ loses its lease) without waiting itself. Keys whose value can depend on other ra
 collectives; PGO profiles) are never waited on, only read. Any store failure disables
 the store for this process and every later lookup returns ``None``: losing the
 coordinator costs compile time, never the job.
+
+A rank that waits may do work of its own first: ``lookup``'s ``before_waiting`` is
+called until it has nothing left (``coordinator.early_backward``: backward graphs this
+rank already knows). Such work runs with :meth:`Singleflight.no_waits`: inside it every
+lookup returns at once, so the work waits on nothing and the argument above still holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -67,7 +73,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import msgpack
@@ -156,6 +162,7 @@ class Singleflight:
         self._broken: str | None = None
         #: Called between two polls of a wait; returns whether it did work (split autotuning).
         self.while_waiting: Callable[[], bool] | None = None
+        self._thread = threading.local()
         if signalled_waits:
             try:
                 store.prepare_watch()
@@ -184,25 +191,39 @@ class Singleflight:
         with self._lock:
             return bool(self._claims)
 
+    @contextlib.contextmanager
+    def no_waits(self) -> Iterator[None]:
+        """On this thread, for the duration, lookups claim or return at once: a key
+        another process holds is ``nonblocking`` instead of waited for."""
+        outer = getattr(self._thread, "no_waits", False)
+        self._thread.no_waits = True
+        try:
+            yield
+        finally:
+            self._thread.no_waits = outer
+
     # -- the protocol --------------------------------------------------------------------
 
-    def lookup(self, key: str, *, blocking: bool) -> LookupResult:
-        """Find ``key``'s value; see the module docstring for what happens on a miss."""
+    def lookup(self, key: str, *, blocking: bool,
+               before_waiting: Callable[[], bool] | None = None) -> LookupResult:
+        """Find ``key``'s value; see the module docstring for what happens on a miss.
+        Before a wait, ``before_waiting`` (if given) is called until it returns False
+        or the value is published."""
         if not self.available:
             return LookupResult(None, "unavailable")
         try:
-            return self._lookup(key, blocking)
+            return self._lookup(key, blocking, before_waiting)
         except StoreError as exc:
             self._fail(exc)
             return LookupResult(None, "unavailable")
 
-    def _lookup(self, key: str, blocking: bool) -> LookupResult:
+    def _lookup(self, key: str, blocking: bool, before_waiting: Callable[[], bool] | None = None) -> LookupResult:
         value = self.store.get(f"v/{key}")
         if value is not None:
             return LookupResult(value, "hit")
         if not blocking:
             return LookupResult(None, "nonblocking")
-        return self._claim_or_wait(key, f"v/{key}")
+        return self._claim_or_wait(key, f"v/{key}", before_waiting)
 
     def offer(self, key: str) -> LookupResult:
         """For a value this process already holds: make sure the store gets it, or wait
@@ -225,12 +246,13 @@ class Singleflight:
             return LookupResult(None, "unavailable")
         return LookupResult(None, result.outcome, result.waited_s)
 
-    def _claim_or_wait(self, key: str, published: str) -> LookupResult:
+    def _claim_or_wait(self, key: str, published: str,
+                       before_waiting: Callable[[], bool] | None = None) -> LookupResult:
         """Claim ``key``, or wait while another process holds it until store key
         ``published`` appears (returning its value), the claim is abandoned or expires
         (then try to claim the next generation), or the deadline passes."""
         # A rank holding a claim may try to claim more, but must not wait (no cycles).
-        may_wait = not self.holds_claims()
+        may_wait = not self.holds_claims() and not getattr(self._thread, "no_waits", False)
         started = time.monotonic()
         gen = 0
         while True:
@@ -245,11 +267,25 @@ class Singleflight:
             if not may_wait:
                 return LookupResult(None, "nonblocking")
             gen = self._latest_gen(key, gen)
+            if before_waiting is not None:
+                value = self._work_first(before_waiting, published)
+                before_waiting = None
+                if value is not None:
+                    return LookupResult(value, "waited", time.monotonic() - started)
+                continue  # the claim may have ended meanwhile: try it again
             outcome, value = self._wait(key, gen, started, published)
             if outcome == "expired":
                 gen += 1
                 continue
             return LookupResult(value, outcome, time.monotonic() - started)
+
+    def _work_first(self, work: Callable[[], bool], published: str) -> bytes | None:
+        """Run ``work`` until it has nothing left or store key ``published`` appears."""
+        while work():
+            value = self.store.get(published)
+            if value is not None:
+                return value
+        return None
 
     def _try_claim(self, key: str, gen: int) -> bool:
         record = msgpack.packb([self.owner.rank, self.owner.host, self.owner.pid, time.time()])

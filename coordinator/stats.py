@@ -48,6 +48,8 @@ class Stats:
         self.store = "none"
         #: Split autotuning's counters (``coordinator.split_tuning``), when it runs.
         self.tuning: Any = None
+        #: Early backward compiles' counters (``coordinator.early_backward``).
+        self.early_backward: Any = None
 
     def record_hit(self, kind: str, nbytes: int, saved_s: float, extension_s: float, kernels: int,
                    *, from_node: bool = False) -> None:
@@ -116,6 +118,8 @@ class Stats:
                 "store_s": round(self.store_s, 3),
                 "by_cache": {kind: dataclasses.asdict(c) for kind, c in sorted(self.kinds.items())},
                 "split_autotune": dataclasses.asdict(self.tuning) if self.tuning is not None else None,
+                "early_backward": (dataclasses.asdict(self.early_backward)
+                                   if self.early_backward is not None else None),
             }
 
     def summary(self) -> str:
@@ -129,7 +133,15 @@ class Stats:
             f"NCCL timeout extended by {d['timeout_extension_s']:.0f}s; rejected {d['rejected']}; "
             f"store {d['store']} ({d['store_calls']} calls, {d['store_s']:.1f}s)"
             + self._tuning_summary(d["split_autotune"])
+            + self._early_summary(d["early_backward"])
         )
+
+    @staticmethod
+    def _early_summary(e: dict | None) -> str:
+        if not e or not (e["compiled"] or e["skipped"] or e["failed"]):
+            return ""
+        return (f"; backward graphs compiled early while waiting: {e['compiled']} ({e['seconds']:.1f}s), "
+                f"{e['skipped']} left to other ranks, {e['failed']} failed")
 
     @staticmethod
     def _tuning_summary(t: dict | None) -> str:

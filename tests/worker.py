@@ -9,12 +9,18 @@ Options:
     store: store spec for compile_once (None = the job's TCPStore)
     model: "mlp" | "rank_dependent" | "collective" | "repeated" (3 identical layers: with
         ``bucket_cap_mb`` 1, DDP's buckets hold one layer each and Dynamo splits the
-        graph at them, so some layers' FX graphs repeat, as a transformer's do)
+        graph at them, so some layers' FX graphs repeat, as a transformer's do) |
+        "broken" (3 layers of different widths with a graph break after each: three
+        forward and three backward graphs, no DDP needed)
     ddp: wrap in DistributedDataParallel
     bucket_cap_mb: DDP's bucket size (default 25)
     steps: training steps
     first_compiler: "die" | "slow:<seconds>" — what the first process to compile the
-        first graph does (decided through a marker file, so exactly one does it)
+        first graph does (decided through a marker file, so exactly one does it);
+        "die_early" — the first process to compile a backward graph early
+        (``coordinator.early_backward``) dies in it
+    slow_compiles: seconds every graph this process compiles takes longer (a pass that
+        sleeps), so that ranks wait for one another's graphs as on a GPU
     external_store: "host:port" of a TCPStore hosted by the test, used as the store
     no_pg: do not initialize a process group (fault tests, where a rank dies)
     coordinator: run under compile_once (default true)
@@ -29,6 +35,7 @@ Options:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -90,19 +97,67 @@ class FirstCompilerPass(CustomGraphPass):
         self.marker = marker
 
     def __call__(self, graph) -> None:
+        if self.action == "die_early" and not any("early_backward" in frame.filename for frame in inspect.stack()):
+            return
         try:
             fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             return
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
-        if self.action == "die":
+        if self.action in ("die", "die_early"):
             os._exit(17)
         if self.action.startswith("slow:"):
             time.sleep(float(self.action.split(":", 1)[1]))
 
     def uuid(self) -> str:
         return "coordinator-tests-first-compiler"
+
+
+class Passes(CustomGraphPass):
+    """Several post-grad passes, in order."""
+
+    def __init__(self, passes: list[CustomGraphPass]) -> None:
+        self.passes = passes
+
+    def __call__(self, graph) -> None:
+        for graph_pass in self.passes:
+            graph_pass(graph)
+
+    def uuid(self) -> str:
+        return "+".join(graph_pass.uuid() for graph_pass in self.passes)
+
+
+class SlowCompilesPass(CustomGraphPass):
+    """A post-grad pass that sleeps in every graph this process compiles (constant uuid:
+    the FX key does not change)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, graph) -> None:
+        time.sleep(self.seconds)
+
+    def uuid(self) -> str:
+        return "coordinator-tests-slow-compiles"
+
+
+class Broken(torch.nn.Module):
+    """Three layers with a graph break after each: Dynamo compiles each as a frame of
+    its own, and AOTAutograd defers each one's backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(16, 16 + 8 * i) if i == 0 else
+                                          torch.nn.Linear(16 + 8 * (i - 1), 16 + 8 * i) for i in range(3))
+
+    def forward(self, x):
+        # Unrolled: Dynamo cannot resume a frame after a break inside a loop.
+        x = torch.nn.functional.gelu(self.layers[0](x))
+        torch._dynamo.graph_break()
+        x = torch.nn.functional.gelu(self.layers[1](x))
+        torch._dynamo.graph_break()
+        return torch.nn.functional.gelu(self.layers[2](x))
 
 
 class RankBakingPass(CustomGraphPass):
@@ -130,6 +185,8 @@ def make_model(kind: str, rank: int) -> torch.nn.Module:
     if kind == "repeated":
         layers = [module for _ in range(3) for module in (torch.nn.Linear(512, 512), torch.nn.GELU())]
         return torch.nn.Sequential(*layers)
+    if kind == "broken":
+        return Broken()
     width = 32 + (8 * rank if kind == "rank_dependent" else 0)
     return torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.GELU(), torch.nn.Linear(width, 4))
 
@@ -153,14 +210,17 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format=f"[rank{os.environ['RANK']}] %(name)s: %(message)s")
     rank = int(os.environ["RANK"])
     builds = count_cpp_builds()
+    passes = []
     if options.get("first_compiler"):
-        from torch._inductor import config as inductor_config
-
-        inductor_config.post_grad_custom_post_pass = FirstCompilerPass(options["first_compiler"], options["marker"])
+        passes.append(FirstCompilerPass(options["first_compiler"], options["marker"]))
+    if options.get("slow_compiles"):
+        passes.append(SlowCompilesPass(float(options["slow_compiles"])))
     if options.get("rank_baking_pass"):
+        passes.append(RankBakingPass())
+    if passes:
         from torch._inductor import config as inductor_config
 
-        inductor_config.post_grad_custom_post_pass = RankBakingPass()
+        inductor_config.post_grad_custom_post_pass = passes[0] if len(passes) == 1 else Passes(passes)
 
     use_pg = not options.get("no_pg")
     if use_pg:

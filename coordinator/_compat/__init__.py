@@ -54,10 +54,15 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``TritonTemplateCaller.bmreq`` (``TritonGPUBenchmarkRequest``: ``module_path``,
   ``module_cache_key``, ``input_tensor_meta``/``output_tensor_meta``, ``precompile``,
   ``benchmark``), ``PyCodeCache.write``, ``benchmarker.benchmark_gpu``.
+* ``backward``: AOTAutograd's deferred backward compiles, run early by a rank that
+  waits (``deferred_backwards``): ``graph_compile._aot_stage2b_bw_compile``, the fields of
+  ``AutogradLazyBackwardCompileInfo``, ``TracingContext.fw_metadata``/``output_strides``.
+  Read from 2.11.0's, 2.13.0's and 2.14.1's sources.
 * ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
 """
 
+from coordinator._compat.backward import DeferredBackward, SkipCompile, deferred_backwards
 from coordinator._compat.caches import (
     INDUCTOR_EXTENDS_TIMEOUT,
     NO_REDIS_URL,
@@ -101,11 +106,13 @@ from coordinator._compat.triton_tuning import (
 
 __all__ = [
     "COLLECTIVE_SWITCHES",
+    "DeferredBackward",
     "INDUCTOR_EXTENDS_TIMEOUT",
     "NO_REDIS_URL",
     "RANK_READS_FOR_LOGGING",
     "RANK_READS_IGNORED_MODULES",
     "REMOTE_CACHE_CLASSES",
+    "SkipCompile",
     "TRITON_ONLY_KINDS",
     "TritonTemplateRequest",
     "adopt_config",
@@ -113,6 +120,7 @@ __all__ = [
     "compile_workers_without_redis",
     "default_c10d_store",
     "default_cache_dir",
+    "deferred_backwards",
     "device_name",
     "defer_autotune_save",
     "extend_nccl_timeouts",

@@ -10,6 +10,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from coordinator._compat.backward import SkipCompile
+
 log = logging.getLogger(__name__)
 
 class _RecordingRemoteCache:
@@ -18,9 +20,14 @@ class _RecordingRemoteCache:
     def __init__(self, cache: Any) -> None:
         self._cache = cache
         self.value: Any = None
+        self.skip: SkipCompile | None = None
 
     def get(self, key: str) -> Any:
-        self.value = self._cache.get(key)
+        try:
+            self.value = self._cache.get(key)
+        except SkipCompile as exc:  # Inductor would log it and compile: raised after the lookup
+            self.skip = exc
+            return None
         return self.value
 
     def __getattr__(self, name: str) -> Any:
@@ -61,7 +68,8 @@ def fx_graph_lookups(
     to both), else ``None``. ``kernel_files`` are the files Inductor's C++ builders made
     or found for the graph's kernels while it loaded (``_worker_compile_cpp`` targets:
     ``.o`` objects and ``.so`` libraries; none on GPU, where Triton kernels are inside
-    the entry).
+    the entry). A ``SkipCompile`` the backend raises ends the lookup with it (Inductor
+    would log it and compile).
     """
     from torch._inductor import codecache
 
@@ -89,6 +97,8 @@ def fx_graph_lookups(
             result = original_lookup.__func__(key, example_inputs, local, remote, *args, **kwargs)
         finally:
             recording.files = outer
+        if remote is not None and remote.skip is not None:
+            raise remote.skip
         graph = result[0] if isinstance(result, tuple) else result  # (graph, cache info) since 2.6
         # Local entries are read first: a remote value means the local ones missed.
         if graph is not None and local and remote and remote.value is not None:

@@ -1,0 +1,111 @@
+"""Backward graphs compiled early, by the ranks that wait.
+
+AOTAutograd compiles a graph's backward at its first backward call, so a job's backward
+graphs are compiled one after another, after the forward pass, on the rank that gets to
+each first; the other ranks wait for it. Yet each backward is fully known as soon as its
+forward is compiled (or loaded): ``_compat.deferred_backwards`` reports it then.
+
+A rank that waits for an FX graph another rank compiles (the next forward graph, most
+often: DDP splits a model into one graph per bucket) spends the wait compiling the
+backward graphs it already knows, oldest first, instead of idling. Each early compile
+is an ordinary claimed compile: its FX lookup claims the graph's key when no rank has it
+and none is compiling it, and the entry is published as any other; when a rank has the
+graph or is compiling it, the lookup stops the early compile (``SkipCompile``) and
+nothing waits. When the training step reaches the backward, AOTAutograd's own compile
+finds the graph in the local cache or the store.
+
+Why no wait cycle forms: an early compile runs only inside a wait for an FX graph, and
+waits on nothing itself: its lookups never block (``Session.early_compile``), and a rank
+inside it holds only the claim of the graph it compiles, which it finishes without any
+collective. The wait it runs in resumes when it returns; a heartbeat seen during the
+compile keeps the waited-for claim's lease alive, as before.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from coordinator import _compat
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class EarlyBackwardCounts:
+    """What one rank's early backward compiles did."""
+
+    #: Backward graphs this rank compiled while it waited.
+    compiled: int = 0
+    #: Early compiles stopped because a rank had the graph or was compiling it (or this
+    #: rank's local cache had it).
+    skipped: int = 0
+    #: Early compiles that raised (the first backward call compiles the graph again).
+    failed: int = 0
+    #: Seconds spent in early compiles.
+    seconds: float = 0.0
+
+
+class EarlyBackwards:
+    """The backward graphs this process knows of and has not tried to compile early."""
+
+    def __init__(self, early_compile: Callable[[], AbstractContextManager[list[str]]]) -> None:
+        self._early_compile = early_compile
+        self._pending: collections.deque[Any] = collections.deque()
+        self._lock = threading.Lock()
+        self._running = threading.local()
+        self.counts = EarlyBackwardCounts()
+
+    def add(self, backward: Any) -> None:
+        """A backward AOTAutograd deferred (``_compat.deferred_backwards`` reports it)."""
+        with self._lock:
+            self._pending.append(backward)
+
+    def help_once(self) -> bool:
+        """Compile the oldest pending backward; returns whether there was one to try."""
+        if getattr(self._running, "active", False):  # a lookup inside an early compile
+            return False
+        with self._lock:
+            if not self._pending:
+                return False
+            backward = self._pending.popleft()
+        self._running.active = True
+        started = time.monotonic()
+        try:
+            with self._early_compile() as claims:
+                backward.compile()
+            if not claims:  # loaded from this rank's own local cache: nothing to compile
+                self.counts.skipped += 1
+                return True
+            self.counts.compiled += 1
+            log.info("compile_once: compiled a backward graph early, while waiting (%.1fs)",
+                     time.monotonic() - started)
+        except Exception as exc:
+            if not _is_skip(exc):
+                self.counts.failed += 1
+                log.warning("compile_once: compiling a backward graph early failed; the backward pass will "
+                            "compile it", exc_info=True)
+                return True
+            self.counts.skipped += 1
+        finally:
+            self._running.active = False
+            self.counts.seconds += time.monotonic() - started
+        return True
+
+
+def _is_skip(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is, or wraps (Inductor re-raises compile errors wrapped), a
+    ``SkipCompile``."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, _compat.SkipCompile):
+            return True
+        exc = exc.__cause__ or exc.__context__ or getattr(exc, "inner_exception", None)
+        seen += 1
+    return False
