@@ -7,10 +7,12 @@ Rows (``kind:N``, run once each, in the order given; one invocation is one devic
 
 * ``stock:N``: N ranks compiling alone, no coordinator (``stock:1`` is the reference every
   ratio divides by: one stock rank alone on the same machine, in the same invocation);
-* ``ours:N``: ``compile_once`` over the job's store, split autotuning on (the default);
-* ``nosplit:N``: ``compile_once`` with ``COORDINATOR_SPLIT_AUTOTUNE=0``;
-* ``twice:N``: ``compile_once`` with neither split autotuning nor each choice compiled once
-  (``COORDINATOR_COMPILE_CHOICES_ONCE=0``: Inductor's own precompile);
+* ``ours:N``: ``compile_once`` over the job's store with its defaults (each GEMM choice
+  compiled once, early backward compiles on, split autotuning off);
+* ``noearly:N``: ``compile_once`` with ``COORDINATOR_EARLY_BACKWARD=0``;
+* ``split:N``: ``compile_once`` with ``COORDINATOR_SPLIT_AUTOTUNE=1``;
+* ``twice:N``: ``compile_once`` with neither early backward compiles nor each choice compiled
+  once (``COORDINATOR_COMPILE_CHOICES_ONCE=0``: Inductor's own precompile);
 * ``upstream:N``: no coordinator, every rank compiling with Inductor's
   ``TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM=1``.
 
@@ -38,18 +40,21 @@ from cold_start import ROOT, JobTimedOut, fmt_bytes, machine, run_job, write_sec
 
 KINDS = {  # kind -> (cold_start_job method, extra environment)
     "stock": ("alone", {}),
-    "ours": ("compile-once", {"COORDINATOR_SPLIT_AUTOTUNE": "1"}),
-    "nosplit": ("compile-once", {"COORDINATOR_SPLIT_AUTOTUNE": "0"}),
-    "twice": ("compile-once", {"COORDINATOR_SPLIT_AUTOTUNE": "0", "COORDINATOR_COMPILE_CHOICES_ONCE": "0"}),
+    "ours": ("compile-once", {}),
+    "noearly": ("compile-once", {"COORDINATOR_EARLY_BACKWARD": "0"}),
+    "split": ("compile-once", {"COORDINATOR_SPLIT_AUTOTUNE": "1"}),
+    "twice": ("compile-once", {"COORDINATOR_COMPILE_CHOICES_ONCE": "0", "COORDINATOR_EARLY_BACKWARD": "0"}),
     "upstream": ("alone", {"TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM": "1"}),
 }
+
+
+RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 
 def summarize(row: str, run: dict, reference_s: float | None) -> dict:
     ranks = run["ranks"]
     split = [r["stats"].get("split_autotune") or {} for r in ranks]
     selecting = [s for s in split if s.get("selections")]
-    followers = [r for r in ranks if not r["fx_misses"]]
     return {
         "row": row,
         "all_done_s": round(run["all_done_s"], 2),
@@ -61,7 +66,10 @@ def summarize(row: str, run: dict, reference_s: float | None) -> dict:
         "selections": sum(s.get("selections", 0) for s in selecting),
         "blocked_s_per_selection": round(sum(s["blocked_s"] for s in selecting)
                                          / max(1, sum(s["selections"] for s in selecting)), 3),
-        "follower_bytes": max((r["stats"].get("bytes_received", 0) for r in followers if r["stats"]), default=0),
+        "follower_bytes": max((r["stats"].get("bytes_received", 0) for r in ranks if r["stats"]), default=0),
+        "graphs_per_rank": [r["fx_misses"] for r in ranks],
+        "early_backward": [(r["stats"].get("early_backward") or {}).get("compiled", 0) for r in ranks],
+        "step2_ms": [round(1000 * r["step2_s"], 1) for r in ranks if r.get("step2_s") is not None],
     }
 
 
@@ -74,6 +82,7 @@ def main() -> None:
                    help="seconds for all rows; a row still running then is killed")
     p.add_argument("--job-logs", default=None, metavar="DIR", help="keep each job's output in DIR")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
+    p.add_argument("--results-dir", default=None, help="where the JSON goes (default benchmarks/results)")
     p.add_argument("job_args", nargs=argparse.REMAINDER, help="after --: model flags for cold_start_job.py")
     args = p.parse_args()
     job_args = [a for a in args.job_args if a != "--"]
@@ -86,7 +95,11 @@ def main() -> None:
     started = time.monotonic()
     reference_s = None
     reference_is_bound = False  # stock:1 was killed at its deadline: it took longer
+    ours_one_s = None  # ours:1 in the same invocation: the ratio the N-rank rows are judged by
     raw = {"command": "python benchmarks/split_autotune.py " + " ".join(sys.argv[1:]), "runs": [], "skipped": []}
+    if args.results_dir:
+        global RESULTS_DIR
+        RESULTS_DIR = Path(args.results_dir)
     table = []
     for spec, kind, n in rows:
         left = args.budget_s - (time.monotonic() - started)
@@ -122,13 +135,17 @@ def main() -> None:
                     os.environ[k] = v
         if spec == "stock:1":
             reference_s = run["all_done_s"]
+        if spec == "ours:1":
+            ours_one_s = run["all_done_s"]
         row = summarize(spec, run, reference_s)
+        row["vs_ours_1"] = round(run["all_done_s"] / ours_one_s, 3) if ours_one_s else None
         row["ratio_is_upper_bound"] = reference_is_bound
         table.append(row)
         raw["runs"].append({**row, "run": run})
         print(json.dumps(row), flush=True)
         raw["machine"] = machine(args.gpus)
-        (ROOT / "benchmarks" / "results" / f"{args.label}.json").write_text(json.dumps(raw, indent=1))
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        (RESULTS_DIR / f"{args.label}.json").write_text(json.dumps(raw, indent=1))
     section = markdown(args.label, raw, table, job_args)
     print(section)
     write_section(Path(args.out), args.label, section)
@@ -143,8 +160,9 @@ def markdown(label: str, raw: dict, table: list[dict], job_args: list[str]) -> s
         f"Machine: {raw.get('machine', '?')}. Model flags: `{' '.join(job_args)}`. One run per row."
         + (f" Skipped (budget): {', '.join(raw['skipped'])}." if raw["skipped"] else ""),
         "",
-        "| row | all ranks done step 1 (s) | ÷ stock:1 | FX compiles | Triton compiles | items run per rank "
-        "(own / for others) | selections | selecting rank blocked per selection (s) | bytes a follower received |",
+        "| row | all ranks done step 1 (s) | ÷ ours:1 | ÷ stock:1 | FX graphs compiled per rank | of them "
+        "backward graphs compiled early | Triton compiles | most bytes a rank received | steps 2-6, median per rank "
+        "(ms) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
@@ -152,10 +170,11 @@ def markdown(label: str, raw: dict, table: list[dict], job_args: list[str]) -> s
             lines.append(f"| {r['row']} | > {r['timed_out_after_s']:.0f} (killed) | - | - | - | - | - | - | - |")
             continue
         ratio = "-" if r["ratio"] is None else ("< " if r["ratio_is_upper_bound"] else "") + f"{r['ratio']:.2f}×"
-        items = ", ".join(f"{a}/{b}" for a, b in zip(r["items_here"], r["items_for_others"], strict=True))
-        lines.append(f"| {r['row']} | {r['all_done_s']:.2f} | {ratio} | {r['fx_compiles']} | {r['triton_compiles']} | "
-                     f"{items} | {r['selections']} | {r['blocked_s_per_selection']:.2f} | "
-                     f"{fmt_bytes(r['follower_bytes'])} |")
+        vs_ours = "-" if r.get("vs_ours_1") is None else f"{r['vs_ours_1']:.2f}×"
+        lines.append(f"| {r['row']} | {r['all_done_s']:.2f} | {vs_ours} | {ratio} | "
+                     f"{', '.join(map(str, r['graphs_per_rank']))} | {', '.join(map(str, r['early_backward']))} | "
+                     f"{r['triton_compiles']} | {fmt_bytes(r['follower_bytes'])} | "
+                     f"{', '.join(map(str, r['step2_ms']))} |")
     return "\n".join(lines) + "\n"
 
 

@@ -17,7 +17,9 @@ read; and Inductor's switches that run collectives inside a compile are off
 the timing of a GEMM's choices goes through the session (``_compat.split_choice_benchmarks``),
 which shares it with the ranks that wait (``coordinator.split_tuning``), and each choice
 is precompiled where its timing finds it (``_compat.precompile_choices_in_process``).
-Backward graphs AOTAutograd defers to the first backward call are reported to the session
+An FX entry bundles only the Triton kernels its code launches, not every choice a
+selection benchmarked (``_compat.bundles_of_final_kernels``). Backward graphs AOTAutograd
+defers to the first backward call are reported to the session
 (``_compat.deferred_backwards``), whose rank compiles them while it waits for another
 rank's graph (``coordinator.early_backward``).
 """
@@ -73,6 +75,7 @@ def route_caches(session: Session) -> Iterator[None]:
         _compat.rank_reads(session.rank_read),
         _compat.fx_graph_lookups(served, session.keep_graph_locally) if "fx_graph" in backends
         else contextlib.nullcontext(),
+        _compat.bundles_of_final_kernels() if "fx_graph" in backends else contextlib.nullcontext(),
         _compat.triton_tuning_hooks(session.tuning_step) if tune else contextlib.nullcontext(),
         _compat.split_choice_benchmarks(session.select_choices, WorkItem) if session.config.split_autotune
         else contextlib.nullcontext(),

@@ -27,7 +27,11 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``_write_to_local_cache``, ``_get_tmp_dir_for_key``, ``codecache._worker_compile_cpp``,
   ``RedisRemoteCache._get_key`` and the FX remote value format of ``_save_graph``
   (``{"data": <base64>, ...}``). 2.11.0 does not keep remote hits in its local cache itself;
-  keeping them ran in the GPU tier on 2.11.0.
+  keeping them ran in the GPU tier on 2.11.0. Entries that bundle only the Triton kernels
+  their code launches (``bundles_of_final_kernels``): ``FxGraphCache._save_graph``,
+  ``CompiledFxGraph._triton_bundle``/``source_code``, ``TritonBundle.kernel_artifacts``
+  (a dataclass), ``TritonKernelArtifact.filename``; 2.13 already drops the losing configs
+  of kernels it tuned (``TritonBundler.put_winner``), not untuned template choices.
 * ``triton_tuning``: the autotune-hold protocol's tuning steps (``triton_tuning_hooks``,
   ``route_autotune_cache``, ``share_config_kept_from_cache``):
   ``CachingAutotuner.autotune_to_one_config``, ``coordinate_descent_tuning``,
@@ -78,7 +82,7 @@ from coordinator._compat.caches import (
     routed_remote_caches,
 )
 from coordinator._compat.distributed import default_c10d_store, extend_nccl_timeouts, has_nccl_process_group
-from coordinator._compat.fx_graph import fx_graph_lookups, fx_graph_remote_value
+from coordinator._compat.fx_graph import bundles_of_final_kernels, fx_graph_lookups, fx_graph_remote_value
 from coordinator._compat.guards import (
     COLLECTIVE_SWITCHES,
     RANK_READS_FOR_LOGGING,
@@ -116,6 +120,7 @@ __all__ = [
     "TRITON_ONLY_KINDS",
     "TritonTemplateRequest",
     "adopt_config",
+    "bundles_of_final_kernels",
     "collective_switches_off",
     "compile_workers_without_redis",
     "default_c10d_store",

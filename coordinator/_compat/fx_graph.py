@@ -4,6 +4,7 @@ keep rank-dependent graphs out of the local cache."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -157,3 +158,63 @@ def fx_graph_remote_value(entry: bytes, time_taken_ns: int | None) -> bytes:
 
     data = {"data": base64.b64encode(entry).decode("ascii"), "time_taken_ms": int((time_taken_ns or 0) // 1e6)}
     return bytes(json.dumps(data), "ascii")
+
+
+@contextlib.contextmanager
+def bundles_of_final_kernels() -> Iterator[None]:
+    """Save FX entries whose Triton bundle holds only the kernels their code launches.
+
+    Inductor bundles into an FX entry every Triton kernel compiled during the graph's
+    compile (``TritonBundler.collect``): in max-autotune, the binaries of every GEMM
+    template choice it benchmarked, the losers too (on torch 2.11, 88 MB per graph of
+    the 4-layer GPT). A rank that loads the entry runs only the kernels its code names.
+    Wraps ``FxGraphCache._save_graph``: while it pickles the graph, the bundle keeps the
+    kernels whose binary's name is one the graph's ``source_code`` compiles
+    (``async_compile.triton('<name>', ...)``), with all their configs, and every kernel
+    without a binary; the graph in memory keeps its bundle. A rank that selects again
+    (a different input, a new process without the entry) compiles its choices itself.
+    """
+    from torch._inductor import codecache
+
+    fx_cache = codecache.FxGraphCache
+    original_save = fx_cache.__dict__["_save_graph"]
+
+    def save_graph(key: str, compiled_graph: Any, *args: Any, **kwargs: Any) -> Any:
+        bundle = getattr(compiled_graph, "_triton_bundle", None)
+        source = getattr(compiled_graph, "source_code", None)
+        kept = _final_kernel_artifacts(bundle, source)
+        if kept is None:
+            return original_save.__func__(key, compiled_graph, *args, **kwargs)
+        compiled_graph._triton_bundle = dataclasses.replace(bundle, kernel_artifacts=kept)
+        try:
+            return original_save.__func__(key, compiled_graph, *args, **kwargs)
+        finally:
+            compiled_graph._triton_bundle = bundle
+
+    fx_cache._save_graph = staticmethod(save_graph)
+    try:
+        yield
+    finally:
+        fx_cache._save_graph = original_save
+
+
+#: Extensions of a Triton kernel's binary in its cache dir (``GPU_KERNEL_BIN_EXTS``).
+_BINARY_EXTENSIONS = (".cubin", ".hsaco", ".zebin", ".spv")
+
+
+def _final_kernel_artifacts(bundle: Any, source: str | None) -> list[Any] | None:
+    """The kernel artifacts of ``bundle`` that ``source`` launches, or ``None`` to keep
+    the bundle as it is (nothing to drop, or not a bundle this understands)."""
+    artifacts = getattr(bundle, "kernel_artifacts", None)
+    if not artifacts or not isinstance(source, str) or not dataclasses.is_dataclass(bundle):
+        return None
+    kept = []
+    for kernel in artifacts:
+        names = {os.path.splitext(artifact.filename)[0] for artifact in kernel.artifacts
+                 if artifact.filename.endswith(_BINARY_EXTENSIONS)}
+        if not names or any(f"'{name}'" in source or f'"{name}"' in source for name in names):
+            kept.append(kernel)
+    if len(kept) == len(artifacts):
+        return None
+    log.debug("FX entry bundles %d of %d Triton kernels (the others are not in its code)", len(kept), len(artifacts))
+    return kept

@@ -7,10 +7,10 @@ Each graph is compiled by one rank only. When one rank compiled both (the usual 
 the follower's first step must compile nothing and build no Triton kernel, in default
 mode (static CUDA launcher on and off), max-autotune and coordinate-descent tuning; its
 cubins arrive in its Triton cache dir through the FX entry
-(in max-autotune it compiles only the GEMM template choices it times for the leader while
-it waits: split autotuning)
-(``TritonBundler.read_and_emit``); no kernel is tuned by both ranks (a kernel tunes at
-its first launch on whichever rank gets there first, and the other runs its config);
+(``TritonBundler.read_and_emit``), and in max-autotune only the kernels the graphs'
+code launches, not every GEMM template choice the leader benchmarked; no kernel is tuned
+by both ranks (a kernel tunes at its first launch on whichever rank gets there first, and
+the other runs its config);
 and both ranks, running the same kernels with the same configs on the same inputs,
 produce bitwise-equal loss and gradients. ``tests/gpu/run.sh`` runs this tier on the
 GPU host and keeps its log.
@@ -45,7 +45,7 @@ CASES = {
     "default-static-launcher": ("default", {"TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER": "1"}),
     "coordinate-descent": ("default", {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}),
     "default-triton-launcher": ("default", {"TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER": "0"}),
-    "max-autotune": ("max-autotune", {"COORDINATOR_SPLIT_AUTOTUNE": "1"}),  # the longest: last
+    "max-autotune": ("max-autotune", {}),  # the coordinator's defaults; the longest: last
 }
 
 
@@ -103,7 +103,7 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
     # The follower ran the configs the leader tuned: it found them in the store.
     assert follower["stats"]["by_cache"]["autotune"]["hits"] > 0, follower["stats"]["by_cache"]
 
-    if mode == "max-autotune":
+    if mode == "max-autotune" and env.get("COORDINATOR_SPLIT_AUTOTUNE") == "1":
         # Split autotuning: the follower compiled and timed GEMM template choices of the
         # leader's selections while it waited for the graphs; its only Triton compiles.
         split_leader, split_follower = leader["stats"]["split_autotune"], follower["stats"]["split_autotune"]
@@ -113,6 +113,14 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
         # once nothing is left to claim, so helpers' results may all arrive too late.
         assert split_leader["items_received"] <= split_follower["items_run_for_others"], split_leader
         assert follower["triton_compiles"] <= 2 * split_follower["items_run_for_others"], follower["counters"]
+    elif mode == "max-autotune":
+        # The FX entries bundle the kernels their code launches, not the losing template
+        # choices the leader compiled and timed: far fewer cubins arrive than it built.
+        assert 2 * follower["cubins_on_disk"] < leader["cubins_on_disk"], (follower["cubins_on_disk"],
+                                                                            leader["cubins_on_disk"])
+        # Loading a config the leader's descent found still compiles it on torch 2.11 (a
+        # few kernels; the benchmark saw 6 against the leader's 573).
+        assert follower["triton_compiles"] < leader["triton_compiles"], follower["counters"]
     elif case == "default-triton-launcher":
         # Seen on torch 2.11: without the static launcher, loading the received kernels still
         # runs some Triton compiles (25 against the leader's 32); not zero yet, but fewer.
