@@ -14,6 +14,10 @@ graph or is compiling it, the lookup stops the early compile (``SkipCompile``) a
 nothing waits. When the training step reaches the backward, AOTAutograd's own compile
 finds the graph in the local cache or the store.
 
+One early compile at a time per device (a node-wide lock on the device's name, tried,
+never waited for): the rank that compiles the graph others wait for keeps most of the
+host's cores, and a GPU that ranks share is not timed by three compiles at once.
+
 Why no wait cycle forms: an early compile runs only inside a wait for an FX graph, and
 waits on nothing itself: its lookups never block (``Session.early_compile``), and a rank
 inside it holds only the claim of the graph it compiles, which it finishes without any
@@ -55,8 +59,11 @@ class EarlyBackwardCounts:
 class EarlyBackwards:
     """The backward graphs this process knows of and has not tried to compile early."""
 
-    def __init__(self, early_compile: Callable[[], AbstractContextManager[list[str]]]) -> None:
+    def __init__(self, early_compile: Callable[[], AbstractContextManager[list[str]]],
+                 device_lock: Callable[[], Any]) -> None:
         self._early_compile = early_compile
+        self._device_lock = device_lock
+        self._lock_for_device: Any = None
         self._pending: collections.deque[Any] = collections.deque()
         self._lock = threading.Lock()
         self._running = threading.local()
@@ -74,7 +81,24 @@ class EarlyBackwards:
         with self._lock:
             if not self._pending:
                 return False
-            backward = self._pending.popleft()
+        if self._lock_for_device is None:
+            self._lock_for_device = self._device_lock()
+        with self._lock_for_device.tried() as mine:
+            if not mine:  # another rank compiles early on this device: leave the cores to the graph waited for
+                return False
+            backward = self._take()
+            return backward is not None and self._compile(backward)
+
+    def _take(self) -> Any:
+        """The oldest pending backward that the backward pass is not compiling right now
+        (those are dropped: they are no longer early)."""
+        with self._lock:
+            for backward in list(self._pending):
+                if backward.compiling_now():
+                    self._pending.remove(backward)
+            return self._pending.popleft() if self._pending else None
+
+    def _compile(self, backward: Any) -> bool:
         self._running.active = True
         started = time.monotonic()
         try:

@@ -129,7 +129,8 @@ class Session:
         #: Split autotuning (``coordinator.split_tuning``), once the store is open.
         self._tuning: SplitTuning | None = None
         #: Backward graphs this rank compiles while it waits (``coordinator.early_backward``).
-        self.early = EarlyBackwards(self.early_compile)
+        self.early = EarlyBackwards(self.early_compile,
+                                    lambda: DeviceLock(f"early-backward-{_compat.device_name()}"))
         self.stats.early_backward = self.early.counts
         #: Claims of the early compile running on each thread (None: none runs).
         self._early = threading.local()

@@ -142,6 +142,22 @@ class DeviceLock:
                     fcntl.flock(f, fcntl.LOCK_UN)
 
 
+    @contextlib.contextmanager
+    def tried(self) -> Iterator[bool]:
+        """Hold the lock if no other process does; yields whether this one holds it."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with open(self.path, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class SplitTuning:
     """One process's side of split autotuning against one store."""
 

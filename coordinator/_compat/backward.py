@@ -18,7 +18,9 @@ arguments ``fw_metadata``, ``aot_config`` and, from 2.13, ``bw_compiler``; on 2.
 compiler is ``aot_config.bw_compiler``), the fields of ``AutogradLazyBackwardCompileInfo``
 (``bw_module``, ``placeholder_list``, ``saved_context``, ``saved_compile_context``),
 ``TracingContext.fw_metadata`` and ``output_strides``, ``torch._guards.tracing`` and
-``compile_context``, ``torch._dynamo.utils.get_metrics_context``. Read from the sources of
+``compile_context``, ``torch._dynamo.utils.get_metrics_context``,
+``_functorch._aot_autograd.logging_utils.graph_being_compiled`` (``"<aot_id>_backward"``
+while a backward compiles). Read from the sources of
 2.11.0, 2.13.0 and 2.14.1.
 """
 
@@ -42,11 +44,21 @@ class SkipCompile(Exception):
 class DeferredBackward:
     """One graph's backward that AOTAutograd will compile at its first backward call."""
 
-    def __init__(self, info: Any, bw_compiler: Callable[..., Any], fw_metadata: Any, disable_amp: bool) -> None:
+    def __init__(self, info: Any, bw_compiler: Callable[..., Any], fw_metadata: Any, disable_amp: bool,
+                 aot_id: Any = None) -> None:
         self.info = info
         self.bw_compiler = bw_compiler
         self.fw_metadata = fw_metadata
         self.disable_amp = disable_amp
+        self.aot_id = aot_id
+
+    def compiling_now(self) -> bool:
+        """Whether AOTAutograd is compiling this backward on this process right now (its
+        first backward call is looking the graph up): compiling it again inside that
+        compile would re-enter Inductor's config patch of the same graph."""
+        from torch._functorch._aot_autograd import logging_utils
+
+        return f"{self.aot_id}_backward" in getattr(logging_utils, "graph_being_compiled", [])
 
     def compile(self) -> None:
         """Compile the backward now, as its first backward call would; the compiled
@@ -96,7 +108,7 @@ def deferred_backwards(report: Callable[[DeferredBackward], None]) -> Iterator[N
                 bw_compiler = bound.get("bw_compiler") or aot_config.bw_compiler  # 2.11: on the config
                 # The caller decides on autocast from the state it is in, as this is now.
                 report(DeferredBackward(info, bw_compiler, bound["fw_metadata"],
-                                        torch._C._is_any_autocast_enabled()))
+                                        torch._C._is_any_autocast_enabled(), getattr(aot_config, "aot_id", None)))
         except Exception:  # never fail a compile over an optimisation
             log.warning("compile_once: could not record a deferred backward compile", exc_info=True)
         return result
