@@ -91,6 +91,40 @@ class JobTimedOut(Exception):
         self.seconds = seconds
 
 
+def cpu_busy_seconds() -> float | None:
+    """CPU seconds all cores of this machine spent busy since boot (``/proc/stat``), or None."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class GpuSampler:
+    """Mean GPU utilization (percent, summed over GPUs) from ``nvidia-smi`` once a second, or None."""
+
+    def __init__(self) -> None:
+        try:
+            query = ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits", "-lms", "1000"]
+            self.proc = subprocess.Popen(query, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.proc = None
+
+    def stop(self) -> float | None:
+        if self.proc is None:
+            return None
+        self.proc.terminate()
+        out, _ = self.proc.communicate()
+        rows = [line.split(",") for line in out.splitlines() if line.count(",") == 1]
+        try:
+            samples = [(int(index), float(percent)) for index, percent in rows]
+        except ValueError:
+            return None
+        ticks = sum(1 for index, _ in samples if index == 0)
+        return round(sum(percent for _, percent in samples) / ticks, 1) if ticks else None
+
+
 def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str | None = None,
             redis_url: str | None = None, cache_dir: str | None = None, timeout: float = 1800,
             profile: Path | None = None, profile_ranks: Path | None = None, log: Path | None = None) -> dict:
@@ -117,11 +151,14 @@ def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str |
         env = dict(os.environ, TMPDIR=tmp, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.setdefault("OMP_NUM_THREADS", "1")
         started = time.monotonic()
+        cpu_before = cpu_busy_seconds()
+        gpu = GpuSampler()
         job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
         try:
             stdout, _ = job.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            gpu.stop()
             job.terminate()  # torchrun stops the ranks it started (each in a session of its own)
             try:
                 stdout, _ = job.communicate(timeout=30)
@@ -131,13 +168,22 @@ def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str |
             if log:
                 log.write_text(stdout)
             raise JobTimedOut(timeout) from None
+        gpu_percent = gpu.stop()
+        wall = time.monotonic() - started
+        cpu_after = cpu_busy_seconds()
         if log:
             log.write_text(stdout)
         if job.returncode != 0 or not out.exists():
             print(stdout[-4000:], file=sys.stderr)
             raise SystemExit(f"job failed: {' '.join(cmd)}")
         result = json.loads(out.read_text())
-        result["wall_s"] = time.monotonic() - started
+        result["wall_s"] = wall
+        # Whole-machine figures over the job's life: how many cores were busy on average, and
+        # how busy the GPUs were (percent summed over GPUs). A lone rank that keeps every core
+        # busy leaves nothing for the ranks that share its host to take over.
+        if cpu_before is not None and cpu_after is not None:
+            result["cpu_busy_cores"] = round((cpu_after - cpu_before) / wall, 2)
+        result["gpu_busy_percent"] = gpu_percent
         return result
 
 

@@ -18,9 +18,11 @@ Rows (``kind:N``, run once each, in the order given; one invocation is one devic
 
 With ``--gpus G``, N <= G runs one rank per GPU over NCCL, N > G shares the G GPUs over
 gloo (``benchmarks/cold_start_job.py``, the example GPT under DDP). Columns: all ranks done
-(s), ÷ stock:1, FX and Triton compiles summed over ranks, the items each rank ran (for its
-own selections / for other ranks'), seconds the selecting rank blocked per selection, and
-the most bytes one follower received. Rows that would not start before ``--budget-s`` are
+(s), ÷ ours:1 and ÷ stock:1, FX graphs each rank compiled (and of them the backward graphs it
+compiled early), Triton compiles summed over ranks, the most bytes one rank received, each
+rank's steady step time, and the machine's mean busy CPU cores and GPU utilization over the
+job (ranks that share a host share its cores: where one rank keeps them busy, N ranks cannot
+finish N times sooner). Rows that would not start before ``--budget-s`` are
 skipped; a row still running at the end of the budget is killed and shown as a lower bound
 (a killed ``stock:1`` makes the ratios upper bounds). Prints the table and one JSON line per run, writes the runs to
 ``benchmarks/results/<label>.json`` and the table into ``benchmarks/RESULTS.md``.
@@ -70,6 +72,8 @@ def summarize(row: str, run: dict, reference_s: float | None) -> dict:
         "graphs_per_rank": [r["fx_misses"] for r in ranks],
         "early_backward": [(r["stats"].get("early_backward") or {}).get("compiled", 0) for r in ranks],
         "step2_ms": [round(1000 * r["step2_s"], 1) for r in ranks if r.get("step2_s") is not None],
+        "cpu_busy_cores": run.get("cpu_busy_cores"),
+        "gpu_busy_percent": run.get("gpu_busy_percent"),
     }
 
 
@@ -151,6 +155,12 @@ def main() -> None:
     write_section(Path(args.out), args.label, section)
 
 
+def _or_dash(value: float | None, unit: str, of: int | None = None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:g}{unit}" + (f" of {of}" if of else "")
+
+
 def markdown(label: str, raw: dict, table: list[dict], job_args: list[str]) -> str:
     lines = [
         f"#### Run `{label}` ({time.strftime('%Y-%m-%d')})",
@@ -162,19 +172,21 @@ def markdown(label: str, raw: dict, table: list[dict], job_args: list[str]) -> s
         "",
         "| row | all ranks done step 1 (s) | ÷ ours:1 | ÷ stock:1 | FX graphs compiled per rank | of them "
         "backward graphs compiled early | Triton compiles | most bytes a rank received | steps 2-6, median per rank "
-        "(ms) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "(ms) | CPU cores busy, mean | GPU busy, mean |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
         if "timed_out_after_s" in r:
-            lines.append(f"| {r['row']} | > {r['timed_out_after_s']:.0f} (killed) | - | - | - | - | - | - | - |")
+            lines.append(f"| {r['row']} | > {r['timed_out_after_s']:.0f} (killed) |" + " - |" * 9)
             continue
         ratio = "-" if r["ratio"] is None else ("< " if r["ratio_is_upper_bound"] else "") + f"{r['ratio']:.2f}×"
         vs_ours = "-" if r.get("vs_ours_1") is None else f"{r['vs_ours_1']:.2f}×"
         lines.append(f"| {r['row']} | {r['all_done_s']:.2f} | {vs_ours} | {ratio} | "
                      f"{', '.join(map(str, r['graphs_per_rank']))} | {', '.join(map(str, r['early_backward']))} | "
                      f"{r['triton_compiles']} | {fmt_bytes(r['follower_bytes'])} | "
-                     f"{', '.join(map(str, r['step2_ms']))} |")
+                     f"{', '.join(map(str, r['step2_ms']))} | "
+                     f"{_or_dash(r.get('cpu_busy_cores'), '', os.cpu_count())} | "
+                     f"{_or_dash(r.get('gpu_busy_percent'), '%')} |")
     return "\n".join(lines) + "\n"
 
 
