@@ -1,9 +1,9 @@
 """Backward graphs compiled early by the ranks that wait (``coordinator.early_backward``).
 
 Real jobs: one process per rank, gloo, the job's TCPStore (or a TCPStore the test hosts
-for the fault cases). Each compile sleeps a little (the worker's ``slow_compiles`` pass)
-so that, as on a GPU, a rank that loads a graph reaches the next one while another rank
-still compiles it.
+for the fault cases, or a Redis server the test kills). Each compile sleeps a little (the
+worker's ``slow_compiles`` pass) so that, as on a GPU, a rank that loads a graph reaches
+the next one while another rank still compiles it.
 """
 
 from __future__ import annotations
@@ -65,6 +65,41 @@ def test_a_rank_killed_in_an_early_compile_is_taken_over_after_its_lease(job, tc
     assert survivor.returncode == 0 and survivor.report is not None, survivor.log[-3000:]
     assert "taking over" in survivor.log
     torch.testing.assert_close(survivor.report["losses"], survivor.report["ref_losses"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_leader_killed_while_the_other_rank_compiles_early_is_taken_over(job, tcp_store):
+    # The rank compiling the second forward graph dies in it. The other rank, waiting for
+    # that graph, compiles the first graph's backward meanwhile, then takes the dead
+    # rank's claim over once its lease lapses, and finishes alone with the right losses.
+    results = job(
+        2,
+        {"model": "broken", "steps": 1, "slow_compiles": 2.0, "no_pg": True,
+         "external_store": f"127.0.0.1:{tcp_store.port}", "first_compiler": "die_at:2"},
+        env={"COORDINATOR_LEASE_S": "2"},
+    )
+    died = [r for r in results if r.returncode == 17]
+    survivors = [r for r in results if r.returncode != 17]
+    assert len(died) == 1 and len(survivors) == 1, [(r.rank, r.returncode, r.log[-2000:]) for r in results]
+    survivor = survivors[0]
+    assert survivor.returncode == 0 and survivor.report is not None, survivor.log[-3000:]
+    assert "taking over" in survivor.log
+    assert early(survivor)["compiled"] >= 1 and early(survivor)["failed"] == 0, early(survivor)
+    torch.testing.assert_close(survivor.report["losses"], survivor.report["ref_losses"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_store_that_dies_mid_job_ends_in_local_compiles(job, redis_server):
+    # The rank compiling the second forward graph kills the Redis server while the other
+    # rank waits for that graph (compiling a backward early). Both fall back to local
+    # compiles and finish with the losses of an uncompiled model.
+    results = job(2, {"model": "broken", "steps": 2, "slow_compiles": 2.0, "store": redis_server.url,
+                      "first_compiler": f"kill_at:2:{redis_server.proc.pid}"})
+    require_success(results)
+    assert redis_server.proc.poll() is not None, "the store was not killed"
+    assert any(r.report["stats"]["store_failed"] for r in results), [r.report["stats"] for r in results]
+    assert any("compiling locally from now on" in r.log for r in results)
+    for r in results:
+        torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
+    assert results[0].report["losses"] == results[1].report["losses"]
 
 
 def test_the_switch_reads_its_environment_variable():

@@ -18,7 +18,10 @@ Options:
     first_compiler: "die" | "slow:<seconds>" — what the first process to compile the
         first graph does (decided through a marker file, so exactly one does it);
         "die_early" — the first process to compile a backward graph early
-        (``coordinator.early_backward``) dies in it
+        (``coordinator.early_backward``) dies in it; "die_at:<n>" — the process that
+        runs the job's n-th compile (early backward compiles not counted) dies in it;
+        "kill_at:<n>:<pid>" — that process kills process ``pid`` (a store server) and
+        goes on
     slow_compiles: seconds every graph this process compiles takes longer (a pass that
         sleeps), so that ranks wait for one another's graphs as on a GPU
     external_store: "host:port" of a TCPStore hosted by the test, used as the store
@@ -39,6 +42,7 @@ import inspect
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -97,7 +101,12 @@ class FirstCompilerPass(CustomGraphPass):
         self.marker = marker
 
     def __call__(self, graph) -> None:
-        if self.action == "die_early" and not any("early_backward" in frame.filename for frame in inspect.stack()):
+        early = any("early_backward" in frame.filename for frame in inspect.stack())
+        if self.action == "die_early" and not early:
+            return
+        if self.action.startswith(("die_at:", "kill_at:")):
+            if not early:
+                self._at_nth_compile()
             return
         try:
             fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -109,6 +118,22 @@ class FirstCompilerPass(CustomGraphPass):
             os._exit(17)
         if self.action.startswith("slow:"):
             time.sleep(float(self.action.split(":", 1)[1]))
+
+    def _at_nth_compile(self) -> None:
+        # This compile's number in the job: the first marker file it manages to create.
+        number = 1
+        while True:
+            try:
+                os.close(os.open(f"{self.marker}.{number}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                break
+            except FileExistsError:
+                number += 1
+        _, at, *pid = self.action.split(":")
+        if number != int(at):
+            return
+        if self.action.startswith("die_at:"):
+            os._exit(17)
+        os.kill(int(pid[0]), signal.SIGKILL)
 
     def uuid(self) -> str:
         return "coordinator-tests-first-compiler"
