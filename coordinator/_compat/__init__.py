@@ -31,7 +31,8 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   their code launches (``bundles_of_final_kernels``): ``FxGraphCache._save_graph``,
   ``CompiledFxGraph._triton_bundle``/``source_code``, ``TritonBundle.kernel_artifacts``
   (a dataclass), ``TritonKernelArtifact.filename``; 2.13 already drops the losing configs
-  of kernels it tuned (``TritonBundler.put_winner``), not untuned template choices.
+  of kernels it tuned (``TritonBundler.put_winner``), not untuned template choices. Ran in
+  the GPU tier and the max-autotune benchmark on 2.11.0.
 * ``triton_tuning``: the autotune-hold protocol's tuning steps (``triton_tuning_hooks``,
   ``route_autotune_cache``, ``share_config_kept_from_cache``):
   ``CachingAutotuner.autotune_to_one_config``, ``coordinate_descent_tuning``,
@@ -60,8 +61,10 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``benchmark``), ``PyCodeCache.write``, ``benchmarker.benchmark_gpu``.
 * ``backward``: AOTAutograd's deferred backward compiles, run early by a rank that
   waits (``deferred_backwards``): ``graph_compile._aot_stage2b_bw_compile``, the fields of
-  ``AutogradLazyBackwardCompileInfo``, ``TracingContext.fw_metadata``/``output_strides``.
-  Read from 2.11.0's, 2.13.0's and 2.14.1's sources.
+  ``AutogradLazyBackwardCompileInfo``, ``TracingContext.fw_metadata``/``output_strides``,
+  ``logging_utils.graph_being_compiled``. Read from 2.11.0's, 2.13.0's and 2.14.1's
+  sources; ran on 2.13.0 and 2.14.1 (CPU tests) and on 2.11.0 on an H100 (the max-autotune
+  benchmark, the GPU tier).
 * ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
 """
