@@ -25,4 +25,4 @@ if ! command -v slurmd >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/
   apt-get update -qq && apt-get install -y -qq slurm-wlm munge >/dev/null
 fi
 
-exec "$PY" -m pytest -n "${TEST_WORKERS:-2}" --dist worksteal -q "$@" tests
+exec "$PY" -m pytest -n "${TEST_WORKERS:-2}" --dist worksteal -q --durations=15 "$@" tests

@@ -38,6 +38,7 @@ Options:
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import inspect
 import json
 import logging
@@ -315,9 +316,12 @@ def main() -> None:
     with open(options["out"], "w") as f:
         json.dump(result, f)
     if use_pg:
-        # Leave together: rank 0 hosts the TCPStore that teardown still talks to.
+        # Leave together: rank 0 hosts the TCPStore that teardown still talks to. A rank
+        # still here after a minute writes its threads' stacks into its log.
+        faulthandler.dump_traceback_later(60)
         dist.barrier()
         dist.destroy_process_group()
+        faulthandler.cancel_dump_traceback_later()
 
 
 if __name__ == "__main__":
