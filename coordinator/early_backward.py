@@ -87,7 +87,10 @@ class EarlyBackwards:
             if not mine:  # another rank compiles early on this device: leave the cores to the graph waited for
                 return False
             backward = self._take()
-            return backward is not None and self._compile(backward)
+            if backward is None:
+                return False
+            self._compile(backward)
+            return True
 
     def _take(self) -> Any:
         """The oldest pending backward that the backward pass is not compiling right now
@@ -98,29 +101,28 @@ class EarlyBackwards:
                     self._pending.remove(backward)
             return self._pending.popleft() if self._pending else None
 
-    def _compile(self, backward: Any) -> bool:
+    def _compile(self, backward: Any) -> None:
         self._running.active = True
         started = time.monotonic()
         try:
             with self._early_compile() as claims:
                 backward.compile()
-            if not claims:  # loaded from this rank's own local cache: nothing to compile
+            if claims:
+                self.counts.compiled += 1
+                log.info("compile_once: compiled a backward graph early, while waiting (%.1fs)",
+                         time.monotonic() - started)
+            else:  # loaded from this rank's own local cache: nothing to compile
                 self.counts.skipped += 1
-                return True
-            self.counts.compiled += 1
-            log.info("compile_once: compiled a backward graph early, while waiting (%.1fs)",
-                     time.monotonic() - started)
         except Exception as exc:
-            if not _is_skip(exc):
+            if _is_skip(exc):
+                self.counts.skipped += 1
+            else:
                 self.counts.failed += 1
                 log.warning("compile_once: compiling a backward graph early failed; the backward pass will "
                             "compile it", exc_info=True)
-                return True
-            self.counts.skipped += 1
         finally:
             self._running.active = False
             self.counts.seconds += time.monotonic() - started
-        return True
 
 
 def _is_skip(exc: BaseException | None) -> bool:

@@ -117,45 +117,40 @@ class DeviceLock:
         self.timeout = timeout.total_seconds()
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold the lock; past ``timeout`` go on without it (a timing may be noisy, never stuck)."""
+    def held(self) -> Iterator[bool]:
+        """Hold the lock; past ``timeout`` go on without it (a timing may be noisy, never stuck).
+        Yields whether this process holds it."""
+        with self._flock(self.timeout) as locked:
+            if not locked:
+                log.warning("device lock %s still held after %.0fs; timing without it", self.path, self.timeout)
+            yield locked
+
+    def tried(self) -> contextlib.AbstractContextManager[bool]:
+        """Hold the lock if no other process does; yields whether this one holds it."""
+        return self._flock(0.0)
+
+    @contextlib.contextmanager
+    def _flock(self, wait_s: float) -> Iterator[bool]:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         with open(self.path, "a+") as f:
-            deadline = time.monotonic() + self.timeout
-            locked = False
+            deadline = time.monotonic() + wait_s
             delay = 0.001
-            while not locked:
+            while True:
                 try:
                     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     locked = True
+                    break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
-                        log.warning("device lock %s still held after %.0fs; timing without it",
-                                    self.path, self.timeout)
+                        locked = False
                         break
                     time.sleep(delay)
                     delay = min(delay * 2, 0.02)
             try:
-                yield
+                yield locked
             finally:
                 if locked:
                     fcntl.flock(f, fcntl.LOCK_UN)
-
-
-    @contextlib.contextmanager
-    def tried(self) -> Iterator[bool]:
-        """Hold the lock if no other process does; yields whether this one holds it."""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        with open(self.path, "a+") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            try:
-                yield True
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class SplitTuning:

@@ -21,6 +21,18 @@ def early(result) -> dict:
     return result.report["stats"]["early_backward"]
 
 
+def the_survivor_that_took_over(results):
+    """Of a 2-rank job where one rank died (exit code 17), the other: finished, after
+    taking the dead rank's claim over."""
+    died = [r for r in results if r.returncode == 17]
+    survivors = [r for r in results if r.returncode != 17]
+    assert len(died) == 1 and len(survivors) == 1, [(r.rank, r.returncode, r.log[-2000:]) for r in results]
+    survivor = survivors[0]
+    assert survivor.returncode == 0 and survivor.report is not None, survivor.log[-3000:]
+    assert "taking over" in survivor.log
+    return survivor
+
+
 def test_a_waiting_rank_compiles_backward_graphs_early_and_each_graph_compiles_once(job):
     results = job(2, {"model": "broken", "steps": 2, "slow_compiles": 2.0})
     require_success(results)
@@ -58,12 +70,7 @@ def test_a_rank_killed_in_an_early_compile_is_taken_over_after_its_lease(job, tc
          "external_store": f"127.0.0.1:{tcp_store.port}", "first_compiler": "die_early"},
         env={"COORDINATOR_LEASE_S": "2"},
     )
-    died = [r for r in results if r.returncode == 17]
-    survivors = [r for r in results if r.returncode != 17]
-    assert len(died) == 1 and len(survivors) == 1, [(r.rank, r.returncode, r.log[-2000:]) for r in results]
-    survivor = survivors[0]
-    assert survivor.returncode == 0 and survivor.report is not None, survivor.log[-3000:]
-    assert "taking over" in survivor.log
+    survivor = the_survivor_that_took_over(results)
     torch.testing.assert_close(survivor.report["losses"], survivor.report["ref_losses"], rtol=1e-4, atol=1e-5)
 
 
@@ -77,12 +84,7 @@ def test_a_leader_killed_while_the_other_rank_compiles_early_is_taken_over(job, 
          "external_store": f"127.0.0.1:{tcp_store.port}", "first_compiler": "die_at:2"},
         env={"COORDINATOR_LEASE_S": "2"},
     )
-    died = [r for r in results if r.returncode == 17]
-    survivors = [r for r in results if r.returncode != 17]
-    assert len(died) == 1 and len(survivors) == 1, [(r.rank, r.returncode, r.log[-2000:]) for r in results]
-    survivor = survivors[0]
-    assert survivor.returncode == 0 and survivor.report is not None, survivor.log[-3000:]
-    assert "taking over" in survivor.log
+    survivor = the_survivor_that_took_over(results)
     assert early(survivor)["compiled"] >= 1 and early(survivor)["failed"] == 0, early(survivor)
     torch.testing.assert_close(survivor.report["losses"], survivor.report["ref_losses"], rtol=1e-4, atol=1e-5)
 
