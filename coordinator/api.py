@@ -48,6 +48,7 @@ def compile_once(
     caches: tuple[str, ...] | None = None,
     chunk_bytes: int | None = None,
     ship_cpu_kernels: bool | None = None,
+    cache_ddp_graphs: bool | None = None,
 ) -> Iterator[Session]:
     """Compile each graph once across all ranks while the context is active.
 
@@ -56,7 +57,7 @@ def compile_once(
             ``rediss://`` or ``file://`` URL, or a store object.
         secret: shared secret for HMAC-SHA256 signing of every value.
         lease, wait_timeout, progress_interval, namespace, caches, chunk_bytes,
-            ship_cpu_kernels: see :class:`coordinator.Config`.
+            ship_cpu_kernels, cache_ddp_graphs: see :class:`coordinator.Config`.
 
     Every argument left ``None`` falls back to its ``COORDINATOR_*`` environment
     variable, then to the default.
@@ -75,6 +76,7 @@ def compile_once(
         caches=caches,
         chunk_bytes=chunk_bytes,
         ship_cpu_kernels=ship_cpu_kernels,
+        cache_ddp_graphs=cache_ddp_graphs,
     )
     if session_module.active() is not None:
         raise CoordinatorError("compile_once is already active in this process")

@@ -22,6 +22,7 @@ split_autotune               COORDINATOR_SPLIT_AUTOTUNE          false
 compile_choices_once         COORDINATOR_COMPILE_CHOICES_ONCE    true
 signalled_waits              COORDINATOR_SIGNALLED_WAITS         true
 early_backward               COORDINATOR_EARLY_BACKWARD          true
+cache_ddp_graphs             COORDINATOR_CACHE_DDP_GRAPHS        true (where torch allows)
 ===========================  ==================================  ==========================
 """
 
@@ -59,6 +60,7 @@ _ENV = {
     "compile_choices_once": "COORDINATOR_COMPILE_CHOICES_ONCE",
     "signalled_waits": "COORDINATOR_SIGNALLED_WAITS",
     "early_backward": "COORDINATOR_EARLY_BACKWARD",
+    "cache_ddp_graphs": "COORDINATOR_CACHE_DDP_GRAPHS",
 }
 
 
@@ -101,6 +103,7 @@ _PARSE_ENV = {
     "compile_choices_once": _flag,
     "signalled_waits": _flag,
     "early_backward": _flag,
+    "cache_ddp_graphs": _flag,
 }
 
 
@@ -163,6 +166,12 @@ class Config:
     """A rank that waits for another rank's FX graph first compiles the backward graphs
     it already knows, which AOTAutograd would compile one by one at the first backward
     pass (``coordinator.early_backward``)."""
+
+    cache_ddp_graphs: bool = True
+    """Serve the graphs DDPOptimizer splits out of a DDP model from AOTAutograd's cache,
+    which bypasses them, so that a restart (and a rank that finds another rank's entry)
+    skips AOTAutograd for them (``_compat.cached_split_graphs``). Only on the torch
+    versions it was checked on; elsewhere it stays off, with one INFO line."""
 
     def __post_init__(self) -> None:
         if isinstance(self.secret, str):

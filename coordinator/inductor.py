@@ -21,7 +21,9 @@ An FX entry bundles only the Triton kernels its code launches, not every choice 
 selection benchmarked (``_compat.bundles_of_final_kernels``). Backward graphs AOTAutograd
 defers to the first backward call are reported to the session
 (``_compat.deferred_backwards``), whose rank compiles them while it waits for another
-rank's graph (``coordinator.early_backward``).
+rank's graph (``coordinator.early_backward``). The graphs DDPOptimizer splits out of a
+DDP model, which AOTAutograd's cache bypasses, are saved to it and served from it
+(``_compat.cached_split_graphs``), so a restart skips AOTAutograd for them too.
 """
 
 from __future__ import annotations
@@ -62,13 +64,27 @@ def _backend_class(session: Session, kind: str) -> type:
     return type(name, (base,), {"__init__": __init__, "_get": _get, "_put": _put})
 
 
+def _split_graphs(session: Session) -> contextlib.AbstractContextManager[None]:
+    """AOTAutograd's cache for DDPOptimizer's split graphs, where this torch allows it."""
+    if not session.config.cache_ddp_graphs:
+        return contextlib.nullcontext()
+    reason = _compat.split_graphs_unsupported()
+    if reason is not None:
+        log.info("compile_once: DDP's split graphs are not served from AOTAutograd's cache: %s", reason)
+        return contextlib.nullcontext()
+    return _compat.cached_split_graphs(lambda event, _detail: session.stats.record_split_graph(event))
+
+
 @contextlib.contextmanager
 def route_caches(session: Session) -> Iterator[None]:
     """Send the session's configured Inductor caches through it for the duration."""
     backends = {kind: _backend_class(session, kind) for kind in _compat.routable_kinds(session.config.caches)}
     served = session.fx_graph_served if session.config.share_local_hits else None
     tune = "autotune" in backends
+    aot_hits_before = _compat.aot_autograd_cache_hits()
+    session.stats.aot_autograd_hits = lambda: _compat.aot_autograd_cache_hits() - aot_hits_before
     with (
+        _split_graphs(session),
         _compat.collective_switches_off(),
         _compat.routed_remote_caches(backends),
         _compat.on_compile_end(session.compile_ended),

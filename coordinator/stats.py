@@ -14,7 +14,18 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
+
+
+@dataclasses.dataclass
+class SplitGraphCounts:
+    """DDPOptimizer's split graphs in AOTAutograd's cache (``_compat.cached_split_graphs``)."""
+
+    saved: int = 0
+    served: int = 0
+    bypassed: int = 0
+    refused: int = 0
 
 
 @dataclasses.dataclass
@@ -50,6 +61,9 @@ class Stats:
         self.tuning: Any = None
         #: Early backward compiles' counters (``coordinator.early_backward``).
         self.early_backward: Any = None
+        self.split_graphs = SplitGraphCounts()
+        #: Returns how many graphs skipped AOTAutograd (its cache hits) since the session began.
+        self.aot_autograd_hits: Callable[[], int] = lambda: 0
 
     def record_hit(self, kind: str, nbytes: int, saved_s: float, extension_s: float, kernels: int,
                    *, from_node: bool = False) -> None:
@@ -80,6 +94,10 @@ class Stats:
     def record_rank_dependent(self) -> None:
         with self._lock:
             self.rank_dependent += 1
+
+    def record_split_graph(self, event: str) -> None:
+        with self._lock:
+            setattr(self.split_graphs, event, getattr(self.split_graphs, event) + 1)
 
     def record_store_fetch(self) -> None:
         with self._lock:
@@ -120,6 +138,8 @@ class Stats:
                 "split_autotune": dataclasses.asdict(self.tuning) if self.tuning is not None else None,
                 "early_backward": (dataclasses.asdict(self.early_backward)
                                    if self.early_backward is not None else None),
+                "graphs_skipped_aot_autograd": self.aot_autograd_hits(),
+                "ddp_split_graphs": dataclasses.asdict(self.split_graphs),
             }
 
     def summary(self) -> str:
@@ -132,9 +152,17 @@ class Stats:
             f"from this node's copy); compile time saved {d['compile_time_saved_s']:.1f}s; "
             f"NCCL timeout extended by {d['timeout_extension_s']:.0f}s; rejected {d['rejected']}; "
             f"store {d['store']} ({d['store_calls']} calls, {d['store_s']:.1f}s)"
+            + self._aot_summary(d["graphs_skipped_aot_autograd"], d["ddp_split_graphs"])
             + self._tuning_summary(d["split_autotune"])
             + self._early_summary(d["early_backward"])
         )
+
+    @staticmethod
+    def _aot_summary(skipped: int, split: dict) -> str:
+        if not skipped and not any(split.values()):
+            return ""
+        return (f"; {skipped} graphs skipped AOTAutograd ({split['served']} of them DDP split graphs; "
+                f"{split['saved']} split graphs saved, {split['bypassed'] + split['refused']} left to AOTAutograd)")
 
     @staticmethod
     def _early_summary(e: dict | None) -> str:

@@ -65,6 +65,14 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``logging_utils.graph_being_compiled``. Read from 2.11.0's, 2.13.0's and 2.14.1's
   sources; ran on 2.13.0 and 2.14.1 (CPU tests) and on 2.11.0 on an H100 (the max-autotune
   benchmark, the GPU tier).
+* ``split_graphs``: AOTAutograd's cache for DDPOptimizer's split graphs
+  (``cached_split_graphs``; ``SPLIT_GRAPH_VERSIONS`` lists where it is on):
+  ``autograd_cache.check_cacheable``, ``AOTAutogradCache.save``, ``FXGraphCacheMiss``,
+  ``FakifiedOutWrapper``, ``GenericAOTAutogradResult.wrap_post_compile``,
+  ``CompiledFxGraph.output_strides``, ``TracingContext.fakify_first_call``/``fw_metadata``/
+  ``ddp_optimizer_ctx``, ``ShapeEnv.deserialize_symexpr``. Read from the sources of
+  2.11.0, 2.13.0 and 2.14.1; the tests (``tests/test_split_graphs.py``) ran on all three
+  on CPU; on 2.11.0 on an H100 (the restart benchmark, the GPU tier).
 * ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
 """
@@ -101,6 +109,12 @@ from coordinator._compat.select_algorithm import (
     selection_key,
     split_choice_benchmarks,
 )
+from coordinator._compat.split_graphs import (
+    SPLIT_GRAPH_VERSIONS,
+    aot_autograd_cache_hits,
+    cached_split_graphs,
+    split_graphs_unsupported,
+)
 from coordinator._compat.triton_tuning import (
     adopt_config,
     defer_autotune_save,
@@ -119,11 +133,14 @@ __all__ = [
     "RANK_READS_FOR_LOGGING",
     "RANK_READS_IGNORED_MODULES",
     "REMOTE_CACHE_CLASSES",
+    "SPLIT_GRAPH_VERSIONS",
     "SkipCompile",
     "TRITON_ONLY_KINDS",
     "TritonTemplateRequest",
     "adopt_config",
+    "aot_autograd_cache_hits",
     "bundles_of_final_kernels",
+    "cached_split_graphs",
     "collective_switches_off",
     "compile_workers_without_redis",
     "default_c10d_store",
@@ -149,6 +166,7 @@ __all__ = [
     "selection_key",
     "share_config_kept_from_cache",
     "split_choice_benchmarks",
+    "split_graphs_unsupported",
     "triton_cache_dir",
     "triton_tuning_hooks",
 ]
