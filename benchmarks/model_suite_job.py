@@ -38,6 +38,11 @@ MODELS = ("llama", "llama-dynamic", "bert", "convnext", "qwen-fsdp")
 SIZES = {
     "bench": {"hidden": 128, "layers": 2, "heads": 4, "vocab": 512, "batch": 4, "seq": (32, 48), "image": 64},
     "tiny": {"hidden": 32, "layers": 2, "heads": 2, "vocab": 128, "batch": 2, "seq": (8, 12), "image": 32},
+    # Large enough for DDP to split every model into two or more buckets (its first holds 1 MB).
+    "split": {"hidden": 512, "layers": 4, "heads": 8, "vocab": 512, "batch": 4, "seq": (32, 48), "image": 64},
+    # The GPU restart job (benchmarks/restart.py): a 142M Llama in bf16, 16 query and key/value heads.
+    "restart": {"hidden": 1024, "intermediate": 2816, "layers": 6, "heads": 16, "kv_heads": 16, "vocab": 32000,
+                "batch": 8, "seq": (512, 384), "image": 224, "dtype": "bfloat16"},
 }
 
 
@@ -46,9 +51,11 @@ def build(name: str, size: dict) -> torch.nn.Module:
 
     h, layers, heads = size["hidden"], size["layers"], size["heads"]
     if name.startswith("llama"):
-        config = tf.LlamaConfig(vocab_size=size["vocab"], hidden_size=h, intermediate_size=2 * h,
-                                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
-                                max_position_embeddings=256)
+        config = tf.LlamaConfig(vocab_size=size["vocab"], hidden_size=h,
+                                intermediate_size=size.get("intermediate", 2 * h), num_hidden_layers=layers,
+                                num_attention_heads=heads,
+                                num_key_value_heads=size.get("kv_heads", heads // 2),
+                                max_position_embeddings=max(256, *size["seq"]))
         return tf.LlamaForCausalLM(config)
     if name == "qwen-fsdp":
         config = tf.Qwen2Config(vocab_size=size["vocab"], hidden_size=h, intermediate_size=2 * h,
@@ -60,8 +67,8 @@ def build(name: str, size: dict) -> torch.nn.Module:
                                num_attention_heads=heads, intermediate_size=2 * h, max_position_embeddings=256)
         return tf.BertForMaskedLM(config)
     if name == "convnext":
-        config = tf.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[h // 4, h // 2], depths=[1, 1],
-                                   num_labels=10,
+        config = tf.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[h // 4, h // 2],
+                                   depths=[max(1, layers // 2)] * 2, num_labels=10,
                                    image_size=size["image"])
         return tf.ConvNextForImageClassification(config)
     raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
@@ -77,6 +84,25 @@ def batch(name: str, size: dict, step: int, shape: int, device: torch.device) ->
         return {"pixel_values": pixels.to(device), "labels": labels.to(device)}
     ids = torch.randint(size["vocab"], (size["batch"], size["seq"][shape]), generator=gen).to(device)
     return {"input_ids": ids, "labels": ids}
+
+
+def time_module_loads() -> list[float]:
+    """Seconds spent in Inductor's ``PyCodeCache.load_by_key_path`` (loading each compiled
+    graph's and kernel's Python module), appended per call."""
+    from torch._inductor.codecache import PyCodeCache
+
+    spent: list[float] = []
+    original = PyCodeCache.__dict__["load_by_key_path"].__func__
+
+    def load_by_key_path(cls, *args, **kwargs):
+        begin = time.perf_counter()
+        try:
+            return original(cls, *args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - begin)
+
+    PyCodeCache.load_by_key_path = classmethod(load_by_key_path)
+    return spent
 
 
 def main() -> None:
@@ -95,6 +121,7 @@ def main() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
         os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
 
+    module_loads = time_module_loads()
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
@@ -105,7 +132,7 @@ def main() -> None:
     size = SIZES[args.size]
 
     torch.manual_seed(0)
-    model = build(args.model, size).to(device).train()
+    model = build(args.model, size).to(device, getattr(torch, size.get("dtype", "float32"))).train()
     if args.model == "qwen-fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -134,7 +161,7 @@ def main() -> None:
 
     import resource
 
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import calculate_time_spent, compilation_time_metrics, counters
 
     usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
 
@@ -142,10 +169,17 @@ def main() -> None:
     mine = {
         "rank": rank,
         "start": start,
+        "launched": float(os.environ.get("SUITE_LAUNCHED", "nan")),
         "step_ends": step_ends,
         "losses": [float.hex(x) for x in losses],
         "fx_misses": counters["inductor"].get("fxgraph_cache_miss", 0),
         "fx_hits": counters["inductor"].get("fxgraph_cache_hit", 0),
+        "aot_autograd": dict(counters["aot_autograd"]),
+        # Seconds inside torch.compile: ``entire_frame_compile`` (Dynamo, AOTAutograd and
+        # Inductor for each frame) and ``total_wall_time`` (with the lazy backward compiles).
+        "compile_s": calculate_time_spent(),
+        "phases_s": {phase: sum(times) for phase, times in compilation_time_metrics.items()},
+        "module_loads_s": sum(module_loads),
         "stats": coordinator.stats() if coordinator is not None else None,
         # CPU seconds of this process and the compilers it ran (its compile workers' own
         # children are not counted).

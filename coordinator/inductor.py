@@ -92,6 +92,8 @@ def route_caches(session: Session) -> Iterator[None]:
         _compat.fx_graph_lookups(served, session.keep_graph_locally) if "fx_graph" in backends
         else contextlib.nullcontext(),
         _compat.bundles_of_final_kernels() if "fx_graph" in backends else contextlib.nullcontext(),
+        _compat.cpu_kernels_resolved(session.cpu_kernel_resolved)
+        if "fx_graph" in backends and session.config.ship_cpu_kernels else contextlib.nullcontext(),
         _compat.triton_tuning_hooks(session.tuning_step) if tune else contextlib.nullcontext(),
         _compat.split_choice_benchmarks(session.select_choices, WorkItem) if session.config.split_autotune
         else contextlib.nullcontext(),

@@ -124,6 +124,8 @@ class Session:
         self._step = threading.local()
         #: FX graphs this thread is compiling (store key -> rank reads seen since its miss).
         self._compiling = threading.local()
+        #: C++ kernel libraries resolved on each thread since its last FX miss.
+        self._kernels_resolved = threading.local()
         #: Store keys of graphs whose code depends on the rank: never published, never loaded.
         self._rank_dependent: set[str] = set()
         #: Split autotuning (``coordinator.split_tuning``), once the store is open.
@@ -281,6 +283,14 @@ class Session:
         if kind == "fx_graph":
             self._miss_times[key] = time.time()
             self._compiling_now()[key] = (inductor_key, [])
+            self._kernels_resolved.paths = []
+
+    def cpu_kernel_resolved(self, path: str) -> None:
+        """Inductor resolved the C++ kernel library ``path`` on this thread
+        (``_compat.cpu_kernels_resolved``)."""
+        paths = getattr(self._kernels_resolved, "paths", None)
+        if paths is not None:
+            paths.append(path)
 
     def _compiling_now(self) -> dict[str, tuple[str, list[str]]]:
         graphs = getattr(self._compiling, "graphs", None)
@@ -385,7 +395,11 @@ class Session:
         missed_at = self._miss_times.pop(key, None)
         since = flight.claim_started(key) or missed_at
         if kind == "fx_graph" and self.config.ship_cpu_kernels and since is not None:
+            # What the compile built, and the kernels it found built already (by an
+            # earlier graph): a rank may load this graph before that one.
             files = collect_kernels(_compat.inductor_cache_dir(), since)
+            resolved, self._kernels_resolved.paths = getattr(self._kernels_resolved, "paths", None) or [], None
+            files = {**read_kernels(_compat.inductor_cache_dir(), resolved), **files}
         self._publish(flight, kind, key, data, files)
 
     def fx_graph_served(

@@ -11,7 +11,20 @@ Options:
         ``bucket_cap_mb`` 1, DDP's buckets hold one layer each and Dynamo splits the
         graph at them, so some layers' FX graphs repeat, as a transformer's do) |
         "broken" (3 layers of different widths with a graph break after each: three
-        forward and three backward graphs, no DDP needed)
+        forward and three backward graphs, no DDP needed) | "split_mlp" (layers of
+        different widths, 1 MB or more each: with ``bucket_cap_mb`` 1, DDPOptimizer splits
+        the graph into several buckets whose outputs differ) | "conv" (convolutions with
+        BatchNorm and a linear head, split the same way)
+    shapes: the batch size of each step (default 8 for every step); a new size recompiles
+        (with a dynamic batch dimension)
+    tag_static_inputs: tag each graph's static inputs ``_is_inductor_static`` as Inductor
+        does on a GPU before it looks the graph up (its cache keys then read their storage
+        offset and size), so that CPU runs see what GPU runs see: a backward compiled
+        eagerly (it saves symbolic sizes) tags forward outputs DDPOptimizer hands on
+    record_split: report what DDPOptimizer handed each submodule's compile (the fake
+        inputs' sizes, strides, offsets, dtypes, storage sizes, attributes) and, per frame, which
+        buckets hit AOTAutograd's cache and which bucket each lazily compiled backward
+        read its forward metadata from
     ddp: wrap in DistributedDataParallel
     bucket_cap_mb: DDP's bucket size (default 25)
     steps: training steps
@@ -208,6 +221,19 @@ class RankBakingPass(CustomGraphPass):
 
 def make_model(kind: str, rank: int) -> torch.nn.Module:
     torch.manual_seed(0)
+    if kind == "split_mlp":
+        # A bucket ends in tanh, whose backward reads its output: the output DDPOptimizer
+        # hands on is also one the backward takes.
+        return torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 1024),
+                                   torch.nn.LayerNorm(1024), torch.nn.Linear(1024, 256), torch.nn.Tanh(),
+                                   torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 16))
+    if kind == "conv":
+        # Two convolutions in a row: the first one's output, which crosses into the next
+        # bucket, keeps the channels-last layout Inductor gives convolutions on CPU.
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 192, 3, padding=1), torch.nn.BatchNorm2d(192), torch.nn.Conv2d(192, 192, 3, padding=1),
+            torch.nn.Conv2d(192, 192, 3, padding=1), torch.nn.BatchNorm2d(192), torch.nn.ReLU(), torch.nn.Flatten(),
+            torch.nn.Linear(192 * 8 * 8, 16))
     if kind == "repeated":
         layers = [module for _ in range(3) for module in (torch.nn.Linear(512, 512), torch.nn.GELU())]
         return torch.nn.Sequential(*layers)
@@ -229,6 +255,73 @@ class WithAllReduce(torch.nn.Module):
         y = torch.ops._c10d_functional.all_reduce(y, "sum", "0")
         y = torch.ops._c10d_functional.wait_tensor(y)
         return y / dist.get_world_size()
+
+
+def record_split_graphs() -> dict:
+    """What DDPOptimizer hands each submodule's compile, and its bucket count per frame
+    (option ``record_split``): filled in while the job runs."""
+    from torch._dynamo.backends import distributed as ddp_optimizer
+    from torch._dynamo.utils import counters
+
+    record: dict = {"submod_inputs": [], "frames": []}
+    compile_submod = ddp_optimizer.SubmodCompiler.compile_submod
+
+    def describe(a):
+        if not isinstance(a, torch.Tensor):
+            return repr(a)
+        tags = sorted(f"{k}={v!r}" for k, v in vars(a).items()
+                      if v is not None and k not in ("_fake_device", "fake_device", "fake_mode") and "_memo" not in k)
+        return [list(map(str, a.shape)), list(map(str, a.stride())), str(a.storage_offset()), str(a.dtype),
+                str(a.untyped_storage().nbytes()), a._base is not None, tags]
+
+    def recording_compile_submod(self, mod, args, kwargs):
+        record["submod_inputs"].append([describe(a) for a in args])
+        return compile_submod(self, mod, args, kwargs)
+
+    class Buckets(list):
+        """DDPOptimizer's per-bucket forward metadata: which buckets hit AOTAutograd's
+        cache as they were appended, and which indices lazy backward compiles read."""
+
+        def __init__(self):
+            super().__init__()
+            self.hits_before = counters["aot_autograd"]["autograd_cache_hit"]
+            self.frame = {"hits": [], "reads": []}
+            record["frames"].append(self.frame)
+
+        def append(self, metadata):
+            hits = counters["aot_autograd"]["autograd_cache_hit"]
+            self.frame["hits"].append(hits > self.hits_before)
+            self.hits_before = hits
+            super().append(metadata)
+
+        def __getitem__(self, index):
+            self.frame["reads"].append(index)
+            return super().__getitem__(index)
+
+    context_init = ddp_optimizer.DDPOptimizerContext.__init__
+
+    def recording_init(self):
+        context_init(self)
+        self.metadata_per_bucket = Buckets()
+
+    ddp_optimizer.SubmodCompiler.compile_submod = recording_compile_submod
+    ddp_optimizer.DDPOptimizerContext.__init__ = recording_init
+    return record
+
+
+def tag_static_inputs() -> None:
+    """Option ``tag_static_inputs``: Inductor's GPU-only tagging of static inputs, on any device."""
+    import torch._inductor.compile_fx as compile_fx
+
+    compile_graph = compile_fx._compile_fx_inner
+
+    def tagging_compile_graph(gm, example_inputs, *args, **kwargs):
+        for i in kwargs.get("static_input_idxs") or ():
+            if isinstance(example_inputs[i], torch.Tensor):
+                example_inputs[i]._is_inductor_static = True
+        return compile_graph(gm, example_inputs, *args, **kwargs)
+
+    compile_fx._compile_fx_inner = tagging_compile_graph
 
 
 def main() -> None:
@@ -267,10 +360,16 @@ def main() -> None:
     if options.get("ddp"):
         compiled = torch.nn.parallel.DistributedDataParallel(compiled, bucket_cap_mb=options.get("bucket_cap_mb", 25))
 
+    split_record = record_split_graphs() if options.get("record_split") else None
+    if options.get("tag_static_inputs"):
+        tag_static_inputs()
     torch.manual_seed(1)
-    width = 512 if kind == "repeated" else 16
-    batches = [torch.randn(8, width) for _ in range(options.get("steps", 2))]
-    losses, ref_losses, step_times = [], [], []
+    shapes = options.get("shapes") or [8] * options.get("steps", 2)
+    if kind == "conv":
+        batches = [torch.randn(n, 3, 8, 8) for n in shapes]
+    else:
+        batches = [torch.randn(n, 512 if kind in ("repeated", "split_mlp") else 16) for n in shapes]
+    losses, ref_losses, step_times, grad_norms = [], [], [], []
 
     def run_steps():
         if options.get("start_after"):
@@ -282,6 +381,8 @@ def main() -> None:
             loss.backward()
             step_times.append(time.perf_counter() - start)
             losses.append(loss.item())
+            grad_norms.append([p.grad.norm().item() for p in model.parameters()])
+            model.zero_grad(set_to_none=True)
             expected = reference(x) + (rank if options.get("rank_baking_pass") else 0)
             ref_losses.append(expected.pow(2).mean().item())
         if options.get("touch_after_steps"):
@@ -308,6 +409,8 @@ def main() -> None:
             "losses": losses,
             "ref_losses": ref_losses,
             "step_times": step_times,
+            "grad_norms": grad_norms,
+            "split_graphs": split_record,
             "cpp_builds": builds,
             "inductor": inductor_counters(),
             "bundle": bundle_result,

@@ -30,7 +30,10 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   keeping them ran in the GPU tier on 2.11.0. Entries that bundle only the Triton kernels
   their code launches (``bundles_of_final_kernels``): ``FxGraphCache._save_graph``,
   ``CompiledFxGraph._triton_bundle``/``source_code``, ``TritonBundle.kernel_artifacts``
-  (a dataclass), ``TritonKernelArtifact.filename``; 2.13 already drops the losing configs
+  (a dataclass), ``TritonKernelArtifact.filename``. The C++ kernels a graph resolves
+  (``cpu_kernels_resolved``): ``CppCodeCache.load_async``, ``codecache.write`` and its
+  ``main.cpp`` naming; read from 2.11.0's and 2.14.1's sources, ran on 2.13.0 and 2.14.1
+  (CPU tests). 2.13 already drops the losing configs
   of kernels it tuned (``TritonBundler.put_winner``), not untuned template choices. Ran in
   the GPU tier and the max-autotune benchmark on 2.11.0.
 * ``triton_tuning``: the autotune-hold protocol's tuning steps (``triton_tuning_hooks``,
@@ -93,7 +96,12 @@ from coordinator._compat.caches import (
     routed_remote_caches,
 )
 from coordinator._compat.distributed import default_c10d_store, extend_nccl_timeouts, has_nccl_process_group
-from coordinator._compat.fx_graph import bundles_of_final_kernels, fx_graph_lookups, fx_graph_remote_value
+from coordinator._compat.fx_graph import (
+    bundles_of_final_kernels,
+    cpu_kernels_resolved,
+    fx_graph_lookups,
+    fx_graph_remote_value,
+)
 from coordinator._compat.guards import (
     COLLECTIVE_SWITCHES,
     RANK_READS_FOR_LOGGING,
@@ -143,6 +151,7 @@ __all__ = [
     "cached_split_graphs",
     "collective_switches_off",
     "compile_workers_without_redis",
+    "cpu_kernels_resolved",
     "default_c10d_store",
     "default_cache_dir",
     "deferred_backwards",

@@ -138,6 +138,48 @@ def fx_graph_lookups(
         codecache._worker_compile_cpp = original_worker
 
 
+@contextlib.contextmanager
+def cpu_kernels_resolved(record: Callable[[str], None]) -> Iterator[None]:
+    """Call ``record(path)`` with the library of each C++ kernel Inductor resolves, on
+    the thread that resolves it: compiled now, found on disk, or already loaded by an
+    earlier graph of this process (which is why the files a graph's compile writes are
+    not all it needs: a kernel identical to one of an earlier graph is not built again).
+
+    Wraps ``CppCodeCache.load_async`` and, inside it, ``codecache.write``, whose
+    ``main.cpp`` path names the library (``<key>.main.cpp`` -> ``<key>.main.so``).
+    """
+    from torch._inductor import codecache
+
+    cpp_cache = codecache.CppCodeCache
+    original_load = cpp_cache.__dict__["load_async"]
+    original_write = codecache.write
+    inside = threading.local()
+
+    def write(content: Any, extension: str, *args: Any, **kwargs: Any) -> Any:
+        key, path = original_write(content, extension, *args, **kwargs)
+        if getattr(inside, "depth", 0) and extension == "main.cpp" and path.endswith(".cpp"):
+            try:
+                record(path[: -len(".cpp")] + ".so")
+            except Exception:  # never fail a compile over bookkeeping
+                log.debug("could not record C++ kernel %s", path, exc_info=True)
+        return key, path
+
+    def load_async(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        inside.depth = getattr(inside, "depth", 0) + 1
+        try:
+            return original_load.__func__(cls, *args, **kwargs)
+        finally:
+            inside.depth -= 1
+
+    cpp_cache.load_async = classmethod(load_async)
+    codecache.write = write
+    try:
+        yield
+    finally:
+        cpp_cache.load_async = original_load
+        codecache.write = original_write
+
+
 def _local_fx_entry(fx_cache: Any, key: str) -> bytes | None:
     subdir = fx_cache._get_tmp_dir_for_key(key)
     try:

@@ -55,6 +55,7 @@ Private names (2.11.0, 2.13.0, 2.14.1): ``autograd_cache.check_cacheable``,
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -66,7 +67,7 @@ SPLIT_GRAPH_VERSIONS = ((2, 11), (2, 13), (2, 14))
 
 #: The attribute of an AOTAutograd entry that holds the description of its fake outputs.
 RECORD_ATTRIBUTE = "_coordinator_fake_outputs"
-_RECORD_VERSION = 1
+_RECORD_VERSION = 3
 
 
 def split_graphs_unsupported() -> str | None:
@@ -135,6 +136,40 @@ def _expr(value: Any, printer: Any) -> str:
     return printer.doprint(expr)
 
 
+def _constructor_attributes(t: Any) -> frozenset[str]:
+    """The attributes a new fake tensor of ``t``'s fake mode has values for (its device
+    and mode; the names differ between torch versions)."""
+    import torch
+
+    with t.fake_mode:
+        return frozenset(name for name, value in vars(torch.empty(0)).items() if value is not None)
+
+
+def _attributes(t: Any) -> dict:
+    """A fake tensor's attributes beyond its constructor's defaults (``None``): tags that
+    other code set on it, such as Inductor's ``_is_inductor_static``, which its cache keys
+    read. A value that is not plain data is kept as its type's name, which no rebuild
+    reproduces: such a tensor is not describable."""
+    attributes = {}
+    own = _constructor_attributes(t)
+    for name, value in sorted(vars(t).items()):
+        # Memos (``_item_memo``, ``_nonzero_memo``...) cache a symbol from an earlier trace;
+        # without one, torch makes a fresh symbol, as for any new fake tensor.
+        if name in own or value is None or "_memo" in name:
+            continue
+        plain = isinstance(value, (bool, int, float, str)) and type(value) in (bool, int, float, str)
+        attributes[name] = value if plain else {"not plain data": type(value).__name__}
+    return attributes
+
+
+def _plain_layout(t: Any, printer: Any, what: str) -> dict:
+    layout = _layout(t, printer)
+    odd = sorted(name for name, value in layout["attributes"].items() if isinstance(value, dict))
+    if odd:
+        raise _Undescribable(f"{what} has attributes that are not plain data: {', '.join(odd)}")
+    return layout
+
+
 def _layout(t: Any, printer: Any) -> dict:
     """Everything about a fake tensor that the next bucket's compile can see."""
     return {
@@ -146,6 +181,7 @@ def _layout(t: Any, printer: Any) -> dict:
         "device": str(t.device),
         "requires_grad": bool(t.requires_grad),
         "view": t._base is not None,
+        "attributes": _attributes(t),
     }
 
 
@@ -202,13 +238,13 @@ def describe_outputs(outputs: list[Any], inputs: list[Any]) -> dict:
         if out.layout != torch.strided or out.is_conj() or out.is_neg() or out.is_inference():
             raise _Undescribable(f"output {index} has a layout or flags the rebuild does not set")
         storage = storage_of(out)
-        layout = _layout(out, printer)
+        layout = _plain_layout(out, printer, f"output {index}")
         owners = input_storages.get(storage, [])
         if len(owners) > 1:
             raise _Undescribable(f"output {index} aliases inputs {owners}, which share storage")
         if owners:
             j = owners[0]
-            used_inputs[j] = _layout(inputs[j], printer)
+            used_inputs[j] = _plain_layout(inputs[j], printer, f"input {j}")
             if inputs[j] is out:
                 described.append(["input", j])
                 continue
@@ -239,6 +275,13 @@ def _deserialize(shape_env: Any, text: str) -> Any:
 def _rebuild_tensor(layout: dict, shape_env: Any, storage: Any = None, base: Any = None) -> Any:
     """A fake tensor with ``layout``, made inside the fake mode: in ``storage`` if given
     (a view of ``base``, or of a tensor over the whole storage), else in its own."""
+    out = _rebuild_layout(layout, shape_env, storage, base)
+    for name, value in layout["attributes"].items():
+        setattr(out, name, value)
+    return out
+
+
+def _rebuild_layout(layout: dict, shape_env: Any, storage: Any, base: Any) -> Any:
     import torch
 
     size = [_deserialize(shape_env, s) for s in layout["size"]]
@@ -360,6 +403,31 @@ def _strides_as_read(strides: list[Any] | None, shape_env: Any) -> list[Any] | N
     return read
 
 
+def _final_attributes(out: Any, index: int) -> dict | None:
+    """The attributes of a fake output as the first call returns it (``None``: not a tensor)."""
+    import torch
+
+    if not isinstance(out, torch.Tensor):
+        return None
+    attributes = _attributes(out)
+    odd = sorted(name for name, value in attributes.items() if isinstance(value, dict))
+    if odd:
+        raise _Undescribable(f"output {index} has attributes that are not plain data: {', '.join(odd)}")
+    return attributes
+
+
+def _restrided(wrapper_class: Any, outputs: list[Any], record: dict, shape_env: Any) -> list[Any]:
+    """``outputs`` re-strided to the recorded Inductor strides by ``FakifiedOutWrapper``'s
+    own code, with the attributes the first call's outputs had."""
+    strides = [None if s is None else [_deserialize(shape_env, e) for e in s] for s in record["strides"] or []]
+    final = wrapper_class(out_metas=list(outputs), fwd_output_strides=strides or None)
+    final = final._compute_output_meta_with_inductor_strides()
+    for out, attributes in zip(final, record["final_attributes"], strict=True):
+        for name, value in (attributes or {}).items():
+            setattr(out, name, value)
+    return final
+
+
 def _not_describable_runtime(runtime_metadata: Any, subclass_meta: Any) -> str | None:
     """Why a forward with this metadata is left to the bypass, or ``None``."""
     if subclass_meta is not None:
@@ -414,6 +482,8 @@ def cached_split_graphs(report: Callable[[str, str], None] | None = None) -> Ite
     miss = autograd_cache.FXGraphCacheMiss
     #: AOTAutograd key -> description of its fake outputs (None: not describable).
     described: dict[str, dict | None] = {}
+    #: AOTAutograd key -> describes its fake outputs, once they are final.
+    undescribed: dict[str, Callable[[], None]] = {}
 
     def check_cacheable(gm: Any) -> None:
         context = TracingContext.try_get()
@@ -440,8 +510,25 @@ def cached_split_graphs(report: Callable[[str, str], None] | None = None) -> Ite
         originals = list(self.out_metas)
         result = original_post(self, compiled_fn, aot_config, runtime_metadata=runtime_metadata)
         key = cache_info.cache_key
+        fake_mode = TracingContext.get().fake_mode
+        # Described as DDPOptimizer receives them: at the first call, or at the save if
+        # that comes first (a backward compiled eagerly is saved before the first call).
+        # Not earlier: the backward's compile tags the forward's outputs it takes as
+        # inputs (Inductor's ``_is_inductor_static``, which its cache keys read).
+        undescribed[key] = lambda: describe_now(key, originals, self, runtime_metadata, fake_mode)
+
+        @functools.wraps(result)
+        def first_call(args: Any) -> Any:
+            describe = undescribed.pop(key, None)
+            if describe is not None:
+                describe()
+            return result(args)
+
+        return first_call
+
+    def describe_now(key: str, originals: list[Any], wrapper: Any, runtime_metadata: Any, fake_mode: Any) -> None:
         try:
-            described[key] = _describe(originals, self, runtime_metadata)
+            described[key] = _describe(originals, wrapper, runtime_metadata, fake_mode)
         except (_Undescribable, _Mismatch) as exc:
             described[key] = None
             events("bypassed", f"{key}: {exc}")
@@ -449,27 +536,30 @@ def cached_split_graphs(report: Callable[[str, str], None] | None = None) -> Ite
             described[key] = None
             log.warning("compile_once: could not describe the fake outputs of %s", key, exc_info=True)
             events("bypassed", f"{key}: {exc}")
-        return result
 
-    def _describe(originals: list[Any], wrapper: Any, runtime_metadata: Any) -> dict:
+    def _describe(originals: list[Any], wrapper: Any, runtime_metadata: Any, fake_mode: Any) -> dict:
         reason = _not_describable_runtime(runtime_metadata, None)
         if reason:
             raise _Undescribable(reason)
         record = describe_outputs(originals, getattr(wrapper, "_coordinator_inputs", []))
-        context = TracingContext.get()
-        rebuilt = rebuild_outputs(record, context.fake_mode)
+        rebuilt = rebuild_outputs(record, fake_mode)
         difference = _same_outputs(rebuilt, originals)
         if difference:
             raise _Undescribable(f"rebuilt {difference}")
-        final = wrapper_class(out_metas=rebuilt, fwd_output_strides=wrapper.fwd_output_strides)
-        difference = _same_outputs(final._compute_output_meta_with_inductor_strides(), wrapper.out_metas)
+        shape_env = getattr(fake_mode, "shape_env", None)
+        record["strides"] = _strides_as_read(wrapper.fwd_output_strides, shape_env)
+        record["final_attributes"] = [_final_attributes(out, index) for index, out in enumerate(wrapper.out_metas)]
+        final = _restrided(wrapper_class, rebuilt, record, shape_env)
+        difference = _same_outputs(final, wrapper.out_metas)
         if difference:
             raise _Undescribable(f"re-strided {difference}")
-        shape_env = getattr(context.fake_mode, "shape_env", None)
-        record.update(version=_RECORD_VERSION, strides=_strides_as_read(wrapper.fwd_output_strides, shape_env))
+        record["version"] = _RECORD_VERSION
         return record
 
     def save(key: str, entry: Any, *args: Any, **kwargs: Any) -> None:
+        describe = undescribed.pop(key, None)
+        if describe is not None:
+            describe()
         if key in described:
             record = described.pop(key)
             if record is None:
@@ -502,10 +592,7 @@ def cached_split_graphs(report: Callable[[str, str], None] | None = None) -> Ite
             if strides != record["strides"]:
                 raise _Mismatch(f"the FX entry's output strides {strides} are not the recorded {record['strides']}")
             outputs = rebuild_outputs(record, context.fake_mode)
-            restrided = wrapper_class(out_metas=outputs, fwd_output_strides=[
-                None if s is None else [_deserialize(shape_env, e) for e in s] for s in strides
-            ])._compute_output_meta_with_inductor_strides()
-            return _first_call_returns(restrided, result)
+            return _first_call_returns(_restrided(wrapper_class, outputs, record, shape_env), result)
 
         def backward_post_compile(result: Any, config: Any) -> Any:
             return _first_call_counts_down(type(backward).post_compile(backward, result, config), ddp_context)
@@ -558,8 +645,6 @@ def _first_call_returns(outputs: list[Any], compiled: Any) -> Callable[[list[Any
 def _first_call_counts_down(compiled_backward: Any, ddp_context: Any) -> Callable[..., Any]:
     """``compiled_backward``, whose first call takes its bucket's slot in DDPOptimizer's
     count, as the lazy compile of a missed backward would at that call."""
-    import functools
-
     pending = [True]
 
     @functools.wraps(compiled_backward)

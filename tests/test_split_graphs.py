@@ -1,0 +1,202 @@
+"""DDPOptimizer's split graphs served from AOTAutograd's cache (``_compat.split_graphs``).
+
+Real jobs: one process per rank, gloo, DDP with 1 MB buckets (DDPOptimizer splits the
+model's graph at each), a ``file://`` store the jobs share; a restart is a second job on
+the same store with empty Inductor cache dirs. Two steps: batch 8, then batch 12 (a
+recompile, with a dynamic batch dimension). The worker records what DDPOptimizer hands
+each submodule's compile, and which bucket each lazily compiled backward reads its
+forward metadata from.
+"""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import require_success
+
+from coordinator import Config
+
+SHAPES = [8, 12]
+
+
+def split(result) -> dict:
+    return result.report["stats"]["ddp_split_graphs"]
+
+
+OPTIONS = {"ddp": True, "bucket_cap_mb": 1, "shapes": SHAPES, "record_split": True}
+
+
+def assert_same_training(cold, restart):
+    """The restart trained exactly as the cold run: what each submodule was compiled
+    for, the losses and every parameter's gradient."""
+    assert restart.report["split_graphs"]["submod_inputs"] == cold.report["split_graphs"]["submod_inputs"]
+    assert restart.report["losses"] == cold.report["losses"]
+    assert restart.report["grad_norms"] == cold.report["grad_norms"]
+    torch.testing.assert_close(restart.report["losses"], restart.report["ref_losses"], rtol=1e-4, atol=1e-5)
+
+
+def aot_values(store: Path) -> list[Path]:
+    """The AOTAutograd entries in a ``file://`` store, oldest first."""
+    return sorted((p for p in store.rglob("*") if p.is_file() and "/v/" in str(p) and "/aot_autograd/" in str(p)),
+                  key=lambda p: p.stat().st_mtime)
+
+
+def test_restarts_serve_every_split_graph_and_turn_anything_wrong_into_a_miss(job, tmp_path):
+    secret = {"COORDINATOR_SECRET": "job-secret"}
+    store = tmp_path / "store"
+    bundle = f"file://{tmp_path / 'bundles'}"
+    # Static inputs tagged as on a GPU: the recompile's backward graphs, compiled eagerly,
+    # tag forward outputs that the next bucket's keys then read.
+    options = {**OPTIONS, "model": "split_mlp", "store": f"file://{store}", "tag_static_inputs": True}
+    cold = job(1, {**options, "bundle": f"save:{bundle}"}, env=secret, name="cold")
+    require_success(cold)
+    cold = cold[0]
+    graphs = split(cold)["saved"]
+    frames = cold.report["split_graphs"]["frames"]
+    assert len(frames) == 2 and all(len(frame["hits"]) >= 3 for frame in frames), frames  # split, and recompiled
+    assert graphs == sum(len(frame["hits"]) for frame in frames), split(cold)
+    assert split(cold)["bypassed"] == 0 and cold.report["stats"]["graphs_skipped_aot_autograd"] == 0
+
+    def restart(name, env=secret, **changes):
+        results = job(1, {**options, **changes}, env=env, name=name)
+        require_success(results)
+        return results[0]
+
+    # From the store, with an empty cache dir: every split graph, the recompile's
+    # (dynamic batch) included, skips AOTAutograd, and trains exactly as the cold run.
+    plain = restart("restart")
+    assert split(plain) == {"saved": 0, "served": graphs, "bypassed": 0, "refused": 0}
+    assert plain.report["stats"]["graphs_skipped_aot_autograd"] == graphs
+    assert all(all(frame["hits"]) and frame["reads"] == [] for frame in plain.report["split_graphs"]["frames"])
+    assert_same_training(cold, plain)
+    assert f"{graphs} graphs skipped AOTAutograd ({graphs} of them DDP split graphs" in plain.log
+
+    # From a bundle the cold job saved, with no entry in the store: the same.
+    restored = restart("bundle", store=None, bundle=f"load:{bundle}")
+    assert split(restored)["served"] == graphs, split(restored)
+    assert_same_training(cold, restored)
+
+    # A frame that mixes hits and a miss: the store lacks the entry of a middle bucket of
+    # the first frame (entries were saved as each backward compiled: the last bucket
+    # first). Its lazily compiled backward must read its own bucket's forward metadata,
+    # not the last bucket's, which it would read if the hits left their slots unused.
+    mixed_store = tmp_path / "mixed-store"
+    shutil.copytree(store, mixed_store)
+    aot_values(mixed_store)[1].unlink()
+    mixed = restart("mixed", store=f"file://{mixed_store}")
+    frame = mixed.report["split_graphs"]["frames"][0]
+    missed = [i for i, hit in enumerate(frame["hits"]) if not hit]
+    assert len(missed) == 1 and 0 <= missed[0] < len(frame["hits"]) - 1, frame
+    assert frame["reads"] == missed, frame
+    assert split(mixed) == {"saved": 1, "served": graphs - 1, "bypassed": 0, "refused": 0}
+    assert_same_training(cold, mixed)
+
+    # A wrong secret, and corrupt values: misses, never loaded, and the right training.
+    wrong = restart("wrong-secret", env={"COORDINATOR_SECRET": "another-secret"})
+    corrupt_store = tmp_path / "corrupt-store"
+    shutil.copytree(store, corrupt_store)
+    for path in aot_values(corrupt_store):
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    corrupt = restart("corrupt", store=f"file://{corrupt_store}")
+    for damaged in (wrong, corrupt):
+        assert split(damaged)["served"] == 0 and split(damaged)["saved"] == graphs, split(damaged)
+        assert "rejected aot_autograd entry" in damaged.log
+        assert damaged.report["losses"] == cold.report["losses"]
+
+    # Switched off: the split graphs bypass AOTAutograd's cache, as torch's own does.
+    off = restart("off", env={**secret, "COORDINATOR_CACHE_DDP_GRAPHS": "0"})
+    assert split(off) == {"saved": 0, "served": 0, "bypassed": 0, "refused": 0}
+    assert off.report["stats"]["graphs_skipped_aot_autograd"] == 0
+    assert off.report["losses"] == cold.report["losses"]
+
+
+def test_a_recorded_stride_that_differs_from_the_fx_entry_is_a_miss(job, tmp_path):
+    # A restart on the cold run's own cache dir, whose AOTAutograd entries have one
+    # recorded Inductor stride changed: the product's own check turns that entry into a
+    # miss (AOTAutograd runs, the entry is saved again), never a wrong fake output. The
+    # model: conv + BatchNorm, where Inductor may give outputs channels-last strides that
+    # eager would not, and the next bucket must be compiled for those.
+    env = {"TORCHINDUCTOR_KEEP_OUTPUT_STRIDE": "0"}
+    cache = tmp_path / "cache"
+    options = {**OPTIONS, "model": "conv"}
+    cold = job(1, options, env=env, name="cold", cache_dirs={0: cache})
+    require_success(cold)
+    inputs = [arg for call in cold[0].report["split_graphs"]["submod_inputs"] for arg in call if isinstance(arg, list)]
+    assert any(len(arg[0]) == 4 and arg[1][1] == "1" for arg in inputs), inputs  # channels-last inputs
+    changed = 0
+    for path in (cache / "aotautograd").rglob("*"):
+        entry = pickle.loads(path.read_bytes()) if path.is_file() else None
+        record = getattr(entry, "_coordinator_fake_outputs", None)
+        strides = record and next((s for s in record["strides"] if s), None)
+        if strides and not changed:
+            strides[-1] = str(int(strides[-1]) + 1)
+            path.write_bytes(pickle.dumps(entry))
+            changed += 1
+    assert changed == 1
+    restart = job(1, options, env=env, name="restart", cache_dirs={0: cache})
+    require_success(restart)
+    assert split(restart[0]) == {"saved": 1, "served": split(cold[0])["saved"] - 1, "bypassed": 0, "refused": 1}
+    assert "output strides" in restart[0].log
+    assert_same_training(cold[0], restart[0])
+
+
+def test_the_switch_reads_its_environment_variable():
+    assert Config.resolve(environ={}).cache_ddp_graphs is True
+    assert Config.resolve(environ={"COORDINATOR_CACHE_DDP_GRAPHS": "0"}).cache_ddp_graphs is False
+    assert Config.resolve(environ={"COORDINATOR_CACHE_DDP_GRAPHS": "0"}, cache_ddp_graphs=True).cache_ddp_graphs
+
+
+# -- the description itself, against torch's own fake tensors -----------------------------
+
+
+def fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return FakeTensorMode(shape_env=ShapeEnv())
+
+
+def test_outputs_with_views_aliases_inputs_and_symbolic_sizes_rebuild_exactly():
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    from coordinator._compat.split_graphs import _same_outputs, describe_outputs, rebuild_outputs
+
+    mode = fake_mode()
+    shape_env = mode.shape_env
+    s0 = shape_env.create_symintnode(
+        shape_env.create_symbol(6, ConstantSource("s_batch"), dynamic_dim=DimDynamic.DYNAMIC), hint=6)
+    with mode:
+        weight = torch.empty(8, 4)
+        x = torch.empty(s0, 8)
+        fresh = torch.empty(s0, 4)
+        channels_last = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
+        outputs = [fresh, weight.t(), x, fresh[1:], torch.ops.aten._unsafe_view(fresh, [s0 * 4]), s0, 3, None, fresh,
+                   channels_last]
+    record = describe_outputs(outputs, [weight, x])
+    rebuilt = rebuild_outputs(record, mode)
+    assert _same_outputs(rebuilt, outputs) is None
+    assert rebuilt[8] is rebuilt[0] and rebuilt[1]._base is not None and rebuilt[4]._base is None
+    # A wrong rebuild is caught by the same comparison.
+    assert _same_outputs(rebuilt[:1] + rebuilt[2:3] + rebuilt[2:], outputs) is not None
+
+
+def test_unbacked_sizes_and_subclasses_are_left_to_the_bypass():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv  # noqa: F401
+
+    from coordinator._compat.split_graphs import _Undescribable, describe_outputs
+
+    mode = fake_mode()
+    unbacked = mode.shape_env.create_unbacked_symint()
+    with mode:
+        data_dependent = torch.empty(unbacked, 4)
+    with pytest.raises(_Undescribable, match="unbacked"):
+        describe_outputs([data_dependent], [])
+    with pytest.raises(_Undescribable):
+        describe_outputs([torch.nn.Parameter(torch.empty(2))], [])
