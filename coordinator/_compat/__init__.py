@@ -68,8 +68,9 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``logging_utils.graph_being_compiled``. Read from 2.11.0's, 2.13.0's and 2.14.1's
   sources; ran on 2.13.0 and 2.14.1 (CPU tests) and on 2.11.0 on an H100 (the max-autotune
   benchmark, the GPU tier).
-* ``split_graphs``: AOTAutograd's cache for DDPOptimizer's split graphs
-  (``cached_split_graphs``; ``SPLIT_GRAPH_VERSIONS`` lists where it is on):
+* ``split_graphs`` (with ``fake_outputs``, which describes and rebuilds fake tensors):
+  AOTAutograd's cache for DDPOptimizer's split graphs (``cached_split_graphs``;
+  ``SPLIT_GRAPH_VERSIONS`` lists where it is on):
   ``autograd_cache.check_cacheable``, ``AOTAutogradCache.save``, ``FXGraphCacheMiss``,
   ``FakifiedOutWrapper``, ``GenericAOTAutogradResult.wrap_post_compile``,
   ``CompiledFxGraph.output_strides``, ``TracingContext.fakify_first_call``/``fw_metadata``/
