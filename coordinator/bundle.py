@@ -24,7 +24,6 @@ hands the Mega-Cache bytes to ``torch.compiler.load_cache_artifacts``.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import hmac
 import logging
@@ -40,6 +39,7 @@ from coordinator import _compat
 from coordinator.artifacts import AUTOTUNE_SUFFIXES, KERNEL_SUFFIXES, emit_kernels
 from coordinator.errors import ConfigError, EnvironmentMismatch, IntegrityError
 from coordinator.fingerprint import describe_difference, environment, fingerprint
+from coordinator.node import file_lock
 
 log = logging.getLogger(__name__)
 
@@ -388,14 +388,10 @@ def load_bundle(url: str, *, name: str = "default", secret: str | bytes | None =
     job = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or ""
     tag = hashlib.sha256(f"{url}\0{bundle_key(name)}\0{job}".encode()).hexdigest()[:16]
     marker = os.path.join(cache_dir, f".coordinator-bundle-{tag}.done")
-    with open(os.path.join(cache_dir, ".coordinator-bundle.lock"), "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if os.path.exists(marker):
-                return {"fetched": False}
-            result = install_bundle(fetch_bundle(url, name=name, secret=secret))
-            with open(marker, "w") as f:
-                f.write(str(time.time()))
-            return {"fetched": True, **result}
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with file_lock(os.path.join(cache_dir, ".coordinator-bundle.lock"), None):
+        if os.path.exists(marker):
+            return {"fetched": False}
+        result = install_bundle(fetch_bundle(url, name=name, secret=secret))
+        with open(marker, "w") as f:
+            f.write(str(time.time()))
+        return {"fetched": True, **result}

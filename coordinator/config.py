@@ -18,7 +18,6 @@ caches                       COORDINATOR_CACHES                  all but bundled
 chunk_bytes                  COORDINATOR_CHUNK_BYTES             64 MiB
 ship_cpu_kernels             COORDINATOR_SHIP_CPU_KERNELS        true
 share_local_hits             COORDINATOR_SHARE_LOCAL_HITS        true
-split_autotune               COORDINATOR_SPLIT_AUTOTUNE          false
 compile_choices_once         COORDINATOR_COMPILE_CHOICES_ONCE    true
 signalled_waits              COORDINATOR_SIGNALLED_WAITS         true
 early_backward               COORDINATOR_EARLY_BACKWARD          true
@@ -56,7 +55,6 @@ _ENV = {
     "chunk_bytes": "COORDINATOR_CHUNK_BYTES",
     "ship_cpu_kernels": "COORDINATOR_SHIP_CPU_KERNELS",
     "share_local_hits": "COORDINATOR_SHARE_LOCAL_HITS",
-    "split_autotune": "COORDINATOR_SPLIT_AUTOTUNE",
     "compile_choices_once": "COORDINATOR_COMPILE_CHOICES_ONCE",
     "signalled_waits": "COORDINATOR_SIGNALLED_WAITS",
     "early_backward": "COORDINATOR_EARLY_BACKWARD",
@@ -99,7 +97,6 @@ _PARSE_ENV = {
     "chunk_bytes": _integer,
     "ship_cpu_kernels": _flag,
     "share_local_hits": _flag,
-    "split_autotune": _flag,
     "compile_choices_once": _flag,
     "signalled_waits": _flag,
     "early_backward": _flag,
@@ -145,11 +142,6 @@ class Config:
     """When a rank finds an FX graph in its own local cache: publish it if no rank has,
     or wait on the store while another rank compiles it, so that a warm rank neither
     leaves cold ranks compiling nor reaches the first collective long before them."""
-
-    split_autotune: bool = False
-    """In max-autotune, let ranks that wait on the store compile and time the GEMM
-    template choices of the rank that selects (``coordinator.split_tuning``). Off by
-    default until its GPU figures show a gain (``benchmarks/RESULTS.md``)."""
 
     compile_choices_once: bool = True
     """In max-autotune, precompile a GEMM selection's Triton template choices in threads

@@ -14,9 +14,7 @@ launch too (``_compat.triton_tuning_hooks``). Reads of the rank are reported to 
 session (``_compat.rank_reads``), which never shares a graph compiled while the rank was
 read; and Inductor's switches that run collectives inside a compile are off
 (``_compat.collective_switches_off``): only one rank compiles each graph. In max-autotune
-the timing of a GEMM's choices goes through the session (``_compat.split_choice_benchmarks``),
-which shares it with the ranks that wait (``coordinator.split_tuning``), and each choice
-is precompiled where its timing finds it (``_compat.precompile_choices_in_process``).
+each GEMM choice is precompiled where its timing finds it (``_compat.precompile_choices_in_process``).
 An FX entry bundles only the Triton kernels its code launches, not every choice a
 selection benchmarked (``_compat.bundles_of_final_kernels``). Backward graphs AOTAutograd
 defers to the first backward call are reported to the session
@@ -34,7 +32,6 @@ from collections.abc import Iterator
 
 from coordinator import _compat
 from coordinator.session import Session
-from coordinator.split_tuning import WorkItem
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +92,6 @@ def route_caches(session: Session) -> Iterator[None]:
         _compat.cpu_kernels_resolved(session.cpu_kernel_resolved)
         if "fx_graph" in backends and session.config.ship_cpu_kernels else contextlib.nullcontext(),
         _compat.triton_tuning_hooks(session.tuning_step) if tune else contextlib.nullcontext(),
-        _compat.split_choice_benchmarks(session.select_choices, WorkItem) if session.config.split_autotune
-        else contextlib.nullcontext(),
         _compat.precompile_choices_in_process() if session.config.compile_choices_once
         else contextlib.nullcontext(),
         _compat.deferred_backwards(session.early.add) if session.config.early_backward and "fx_graph" in backends

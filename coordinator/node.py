@@ -1,4 +1,4 @@
-"""Node-level single fetch: one process per node reads a key from the store.
+"""Node-level single fetch, and the file locks the processes of a node share.
 
 Local ranks share Inductor's cache dir. When several of them need the same key at
 once, the first to take the key's lock (``flock`` on a file in
@@ -7,6 +7,10 @@ then find the value in ``<cache dir>/coordinator/values`` (written by temp file 
 rename). Values found there are verified like any other. Fetches from the store per
 job are then one per node, not one per rank. The lock wait polls, so it ends at the
 same deadline as any wait on the store.
+
+Every node-wide lock of the coordinator goes through :func:`file_lock`: the per-key
+locks above, a bundle's install (``coordinator.bundle``) and the :class:`DeviceLock`
+that lets one early backward compile run per device (``coordinator.early_backward``).
 """
 
 from __future__ import annotations
@@ -15,11 +19,64 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
 
 from coordinator.errors import WaitTimeout
+
+
+@contextlib.contextmanager
+def file_lock(path: str, wait_s: float | None,
+              while_waiting: Callable[[], bool] | None = None) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on ``path`` (created with its folder if missing).
+
+    ``wait_s=None`` blocks until the lock is free; otherwise tries for up to ``wait_s``
+    seconds (0: once), calling ``while_waiting`` between two tries (it returns whether
+    it did work, which makes the next try come sooner). Yields whether this process holds
+    the lock.
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a+") as f:
+        if wait_s is None:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            locked = True
+        else:
+            locked = _try_flock(f, time.monotonic() + wait_s, while_waiting)
+        try:
+            yield locked
+        finally:
+            if locked:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _try_flock(f, deadline: float, while_waiting: Callable[[], bool] | None) -> bool:
+    delay = 0.005
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            if while_waiting is not None and while_waiting():
+                delay = 0.005
+                continue
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.2)
+
+
+class DeviceLock:
+    """One piece of device work at a time across the processes of a node."""
+
+    def __init__(self, name: str) -> None:
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+        self.path = os.path.join(tempfile.gettempdir(), "coordinator-device-locks", f"{safe}.lock")
+
+    def tried(self) -> contextlib.AbstractContextManager[bool]:
+        """Hold the lock if no other process does; yields whether this one holds it."""
+        return file_lock(self.path, 0.0)
 
 
 class NodeCache:
@@ -51,24 +108,7 @@ class NodeCache:
         """Hold the node-wide lock of ``key``; raises ``WaitTimeout`` past ``timeout_s``
         (at once when ``timeout_s`` is 0 and another process holds it). ``while_waiting``
         is called between two tries (it returns whether it did work)."""
-        path = self._path("locks", key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "a+") as f:
-            deadline = time.monotonic() + timeout_s
-            delay = 0.005
-            while True:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise WaitTimeout(f"node lock of {key} still held after {timeout_s:.0f}s") from None
-                    if while_waiting is not None and while_waiting():
-                        delay = 0.005
-                        continue
-                    time.sleep(delay)
-                    delay = min(delay * 1.5, 0.2)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        with file_lock(self._path("locks", key), timeout_s, while_waiting) as locked:
+            if not locked:
+                raise WaitTimeout(f"node lock of {key} still held after {timeout_s:.0f}s")
+            yield

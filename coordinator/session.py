@@ -43,9 +43,8 @@ from coordinator.early_backward import EarlyBackwards
 from coordinator.errors import ConfigError, IntegrityError, StoreError, WaitTimeout
 from coordinator.fingerprint import fingerprint
 from coordinator.integrity import open_sealed, seal
-from coordinator.node import NodeCache
+from coordinator.node import DeviceLock, NodeCache
 from coordinator.singleflight import LookupResult, Owner, Singleflight
-from coordinator.split_tuning import DeviceLock, SplitTuning, WorkItem
 from coordinator.stats import Stats
 from coordinator.stores import Store, open_store
 from coordinator.stores.base import TimedStore
@@ -85,14 +84,6 @@ def set_active(session: Session | None) -> None:
     _active = session
 
 
-def _world_size() -> int:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def _current_rank() -> int:
     import torch.distributed as dist
 
@@ -128,8 +119,6 @@ class Session:
         self._kernels_resolved = threading.local()
         #: Store keys of graphs whose code depends on the rank: never published, never loaded.
         self._rank_dependent: set[str] = set()
-        #: Split autotuning (``coordinator.split_tuning``), once the store is open.
-        self._tuning: SplitTuning | None = None
         #: Backward graphs this rank compiles while it waits (``coordinator.early_backward``).
         self.early = EarlyBackwards(self.early_compile,
                                     lambda: DeviceLock(f"early-backward-{_compat.device_name()}"))
@@ -175,29 +164,7 @@ class Session:
             progress_interval=self.config.progress_interval,
             signalled_waits=self.config.signalled_waits,
         )
-        if self.config.split_autotune and _world_size() > 1:
-            self._tuning = SplitTuning(
-                store,
-                prefix=self._prefix,
-                rank=rank,
-                secret=self.config.secret,
-                device_lock=DeviceLock(_compat.device_name()),
-                reference_ms=_compat.reference_ms,
-            )
-            self.stats.tuning = self._tuning.counts
-            flight.while_waiting = self._tuning.help_once
         return flight
-
-    def select_choices(self, selection: str, items: list[WorkItem]) -> list[float] | None:
-        """Timings of a GEMM selection's choices, split with the waiting ranks
-        (``coordinator.split_tuning``); ``None``: Inductor times them itself."""
-        if self.flight() is None or self._tuning is None:
-            return None
-        try:
-            return self._tuning.select(selection, items)
-        except Exception:  # never let the coordinator fail a compile
-            log.warning("compile_once: split autotuning failed; Inductor times the choices", exc_info=True)
-            return None
 
     def _check_device_index(self, store: Store, rank: int) -> None:
         """Warn once when ranks compile for different CUDA device indices.
@@ -242,8 +209,7 @@ class Session:
         # A rank waiting for a graph first compiles the backward graphs it knows.
         work_first = self.early.help_once if kind == "fx_graph" and self.config.early_backward else None
         try:
-            helping = self._helper(work_first) if may_wait else None
-            with node.lock(key, timeout, helping):
+            with node.lock(key, timeout, work_first if may_wait else None):
                 lock_wait = time.monotonic() - started
                 local = node.read(key)
                 if local is not None:
@@ -263,15 +229,6 @@ class Session:
                 if claims is not None:
                     claims.append(key)
         return result
-
-    def _helper(self, work_first: Callable[[], bool] | None) -> Callable[[], bool] | None:
-        """What a rank does while it waits on the node lock: split autotuning's items
-        and, for an FX graph, early backward compiles."""
-        helpers = [helper for helper in (self._tuning.help_once if self._tuning is not None else None, work_first)
-                   if helper is not None]
-        if not helpers:
-            return None
-        return lambda: any(helper() for helper in helpers)
 
     def _key(self, kind: str, inductor_key: str) -> str:
         digest = hashlib.sha256(inductor_key.encode()).hexdigest()[:40]

@@ -25,13 +25,14 @@ collective) until one of four things happens:
   create claim ``gen + 1``; exactly one succeeds and computes, the others follow it;
 * the configured deadline passes: they compute locally.
 
-With ``signalled_waits``, waiters block on the claimant's next signal where the store
-can (the c10d store's ``wait``, Redis publish/subscribe; the directory store polls), so an
-idle waiter costs the store about one call per heartbeat; the claimant signals either way.
+Waiters wait on the claimant's next signal: they block on it where the store can (the
+c10d store's ``wait``, Redis publish/subscribe) and ``signalled_waits`` is on, so an idle
+waiter costs the store about one call per heartbeat; elsewhere (the directory store) they
+poll its slot. There is one wait loop, and one judgement of lease, deadline and progress.
 The last signal says how the claim ended and, for a value of up to ``INLINE_VALUE_BYTES``,
 carries the value: a woken waiter returns it without another store call. It is written
 right after ``v/<key>``, before anything else the publish does.
-A signalled waiter judges a lapsed lease at a random point of the lease's first tenth
+A waiter judges a lapsed lease at a random point of the lease's first tenth
 beyond it, and whoever takes the claim over signals "moved" on the old claim: the
 waiters of a dead claimant follow the taker at once instead of all timing out together.
 Waiters log a progress line every ``progress_interval``. Liveness is judged by each
@@ -79,12 +80,10 @@ from datetime import timedelta
 import msgpack
 
 from coordinator.errors import StoreError
-from coordinator.stores.base import Store
+from coordinator.stores.base import PollingWatch, Store
 
 log = logging.getLogger(__name__)
 
-_FIRST_POLL_S = 0.01
-_MAX_POLL_S = 0.2
 #: Claims in stores with expiry outlive any compile; stale ones are taken over by heartbeat.
 _CLAIM_TTL = timedelta(days=1)
 
@@ -148,8 +147,8 @@ class Singleflight:
         signalled_waits: bool = True,
     ) -> None:
         self.store = store
-        #: Wait on the claimant's signals (heartbeats, end, moved) where the store can
-        #: block; False polls the value, the abandon marker and the heartbeat.
+        #: Block on the claimant's signals (heartbeats, end, moved) where the store can;
+        #: False polls them.
         self.signalled_waits = signalled_waits
         self.owner = owner
         self.lease = lease.total_seconds()
@@ -160,8 +159,6 @@ class Singleflight:
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._broken: str | None = None
-        #: Called between two polls of a wait; returns whether it did work (split autotuning).
-        self.while_waiting: Callable[[], bool] | None = None
         self._thread = threading.local()
         if signalled_waits:
             try:
@@ -314,45 +311,11 @@ class Singleflight:
             gen += 1
         return gen
 
-    def _wait(self, key: str, gen: int, started: float, published: str) -> tuple[str, bytes | None]:
-        raw_owner = self.store.get(f"c/{key}/{gen}")
-        owner = "unknown owner"
-        if raw_owner is not None:
-            rank, host, pid, _ = msgpack.unpackb(raw_owner)
-            owner = str(Owner(rank, host, pid))
-        # A rank that helps between polls (split autotuning) looks for work every poll
-        # anyway, so it polls.
-        if self.signalled_waits and self.while_waiting is None:
-            return self._wait_on_signals(key, gen, started, published, owner)
-        last_beat: bytes | None = None
-        last_change = time.monotonic()
-        next_progress = time.monotonic() + self.progress_interval
-        delay = _FIRST_POLL_S
-        while True:
-            value = self.store.get(published)
-            if value is not None:
-                return "waited", value
-            if self.store.get(f"a/{key}/{gen}") is not None:
-                return self._abandoned(key, owner)
-            now = time.monotonic()
-            beat = self.store.get(f"h/{key}/{gen}")
-            if beat != last_beat:
-                last_beat, last_change = beat, now
-            ended, next_progress = self._judge(key, owner, started, last_change, next_progress, now)
-            if ended:
-                return ended, None
-            if self.while_waiting is not None and self.while_waiting():
-                delay = _FIRST_POLL_S
-                continue
-            time.sleep(delay)
-            delay = min(delay * 1.5, _MAX_POLL_S)
-
     def _judge(self, key: str, owner: str, started: float, last_change: float, next_progress: float,
-               now: float, lease: float | None = None) -> tuple[str | None, float]:
+               now: float, lease: float) -> tuple[str | None, float]:
         """How a wait that has seen no value ends now ("expired": no heartbeat for a lease;
         "deadline"), or ``None``; logs the progress line when due. Returns the outcome and
         when the next progress line is due."""
-        lease = self.lease if lease is None else lease
         if now - last_change > lease:
             log.warning("lease of %s on %s expired (no heartbeat for %.1fs); taking over",
                         owner, key, now - last_change)
@@ -367,13 +330,17 @@ class Singleflight:
             next_progress = now + self.progress_interval
         return None, next_progress
 
-    def _wait_on_signals(self, key: str, gen: int, started: float, published: str,
-                         owner: str) -> tuple[str, bytes | None]:
+    def _wait(self, key: str, gen: int, started: float, published: str) -> tuple[str, bytes | None]:
         """Wait for the claimant's signals: ``w/<key>/<gen>/<n>`` is written at its n-th
         heartbeat ("beat") and once when the claim ends (the value itself, "published" or
-        "abandoned"). On a store that can block, an idle waiter makes about one store call
-        per heartbeat (lease/4) instead of three reads a poll, and the end signal is the
-        last call of a wait; the four ways a wait ends are the same."""
+        "abandoned"). On a store that can block (and with ``signalled_waits``), an idle
+        waiter makes about one store call per heartbeat (lease/4), and the end signal is
+        the last call of a wait; elsewhere it polls the next signal's slot."""
+        raw_owner = self.store.get(f"c/{key}/{gen}")
+        owner = "unknown owner"
+        if raw_owner is not None:
+            rank, host, pid, _ = msgpack.unpackb(raw_owner)
+            owner = str(Owner(rank, host, pid))
         raw_beat = self.store.get(f"h/{key}/{gen}")
         beats = msgpack.unpackb(raw_beat)[0] if raw_beat is not None else 0
         last_change = time.monotonic()
@@ -383,7 +350,9 @@ class Singleflight:
         # Waiters of a dead claimant judge it at different moments: the first takes over
         # and signals "moved", which ends the others' waits before they time out.
         lease = self.lease * (1 + random.uniform(0, 0.1))
-        with self.store.watch(f"w/{key}/{gen}") as watch:
+        watching = (self.store.watch(f"w/{key}/{gen}") if self.signalled_waits
+                    else contextlib.nullcontext(PollingWatch(self.store)))
+        with watching as watch:
             while True:
                 if check:
                     value = self.store.get(published)

@@ -57,8 +57,6 @@ class Stats:
         self.shared_from_local = 0
         self.rank_dependent = 0
         self.store = "none"
-        #: Split autotuning's counters (``coordinator.split_tuning``), when it runs.
-        self.tuning: Any = None
         #: Early backward compiles' counters (``coordinator.early_backward``).
         self.early_backward: Any = None
         self.split_graphs = SplitGraphCounts()
@@ -135,7 +133,6 @@ class Stats:
                 "store_calls": self.store_calls,
                 "store_s": round(self.store_s, 3),
                 "by_cache": {kind: dataclasses.asdict(c) for kind, c in sorted(self.kinds.items())},
-                "split_autotune": dataclasses.asdict(self.tuning) if self.tuning is not None else None,
                 "early_backward": (dataclasses.asdict(self.early_backward)
                                    if self.early_backward is not None else None),
                 "graphs_skipped_aot_autograd": self.aot_autograd_hits(),
@@ -153,7 +150,6 @@ class Stats:
             f"NCCL timeout extended by {d['timeout_extension_s']:.0f}s; rejected {d['rejected']}; "
             f"store {d['store']} ({d['store_calls']} calls, {d['store_s']:.1f}s)"
             + self._aot_summary(d["graphs_skipped_aot_autograd"], d["ddp_split_graphs"])
-            + self._tuning_summary(d["split_autotune"])
             + self._early_summary(d["early_backward"])
         )
 
@@ -170,13 +166,3 @@ class Stats:
             return ""
         return (f"; backward graphs compiled early while waiting: {e['compiled']} ({e['seconds']:.1f}s), "
                 f"{e['skipped']} left to other ranks, {e['failed']} failed")
-
-    @staticmethod
-    def _tuning_summary(t: dict | None) -> str:
-        if not t or not (t["selections"] or t["selections_reused"] or t["items_run_for_others"]):
-            return ""
-        return (
-            f"; split autotune: {t['selections']} selections ({t['selections_reused']} reused), items "
-            f"{t['items_run_here']} run here, {t['items_received']} by other ranks, {t['items_run_for_others']} "
-            f"for other ranks, {t['backups']} re-run; blocked {t['blocked_s']:.1f}s"
-        )

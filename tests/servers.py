@@ -1,4 +1,4 @@
-"""Free ports and a Redis server binary, shared by the tests and the benchmarks (no pytest here)."""
+"""Free ports, a Redis server binary and test stores, shared by the tests and the benchmarks (no pytest here)."""
 
 from __future__ import annotations
 
@@ -25,3 +25,17 @@ def redis_server_binary() -> str | None:
         if candidate.exists():
             return str(candidate)
     return None
+
+
+def open_test_store(spec: str):
+    """A coordinator store from a URL, or from ``tcp://host:port`` (a client of a running TCPStore)."""
+    from datetime import timedelta
+
+    from coordinator.stores import open_store
+
+    if spec.startswith("tcp://"):
+        import torch.distributed as dist
+
+        host, port = spec[len("tcp://"):].rsplit(":", 1)
+        return open_store(dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10)))
+    return open_store(spec)

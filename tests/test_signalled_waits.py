@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from servers import open_test_store
 
 from coordinator.singleflight import Owner, Singleflight
 from coordinator.stores.base import TimedStore
@@ -21,7 +22,7 @@ CLAIMANT = f"""
 import sys, time, json
 from datetime import timedelta
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-from split_tuning_proc import open_test_store
+from servers import open_test_store
 from coordinator.singleflight import Owner, Singleflight
 spec = json.loads(sys.argv[1])
 f = Singleflight(open_test_store(spec["store"]), owner=Owner.this_process(9), lease=timedelta(seconds=spec["lease"]),
@@ -57,8 +58,6 @@ def claimant(store: str, end: str, hold: float, lease: float = 1.0, value_size: 
 
 
 def waiter(url: str, calls: list, *, lease: float = 1.0, wait_timeout: float = 30.0) -> Singleflight:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from split_tuning_proc import open_test_store
 
     store = TimedStore(open_test_store(url), lambda seconds: calls.append(seconds))
     return Singleflight(store, owner=Owner.this_process(1), lease=timedelta(seconds=lease),
@@ -180,8 +179,6 @@ def test_the_end_signal_carries_a_small_value(store_spec, size):
     assert 100 <= INLINE_VALUE_BYTES < 200_000
     kind, url = store_spec
     proc = claimant(url, "publish", hold=1.0, lease=30.0, value_size=size)
-    sys.path.insert(0, str(Path(__file__).parent))
-    from split_tuning_proc import open_test_store
 
     names: list = []
     f = Singleflight(CallLog(open_test_store(url), names), owner=Owner.this_process(1),

@@ -56,12 +56,7 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
 * ``select_algorithm``: each GEMM choice compiled once (``precompile_choices_in_process``:
   ``AlgorithmSelectorCache.make_precompile_fn``, ``AsyncCompile.use_process_pool``, a
   classmethod, asked inside it; ran on 2.11.0 on an H100: the recompile probe and the
-  max-autotune benchmark); split autotuning's hook (``split_choice_benchmarks``):
-  ``AlgorithmSelectorCache.benchmark_choices`` (classmethod: choices, ``AutotuneArgs``,
-  ``is_collective``), ``AutotuneArgs.get_benchmark_tensors``, ``ChoiceCaller.hash_key``,
-  ``TritonTemplateCaller.bmreq`` (``TritonGPUBenchmarkRequest``: ``module_path``,
-  ``module_cache_key``, ``input_tensor_meta``/``output_tensor_meta``, ``precompile``,
-  ``benchmark``), ``PyCodeCache.write``, ``benchmarker.benchmark_gpu``.
+  max-autotune benchmark).
 * ``backward``: AOTAutograd's deferred backward compiles, run early by a rank that
   waits (``deferred_backwards``): ``graph_compile._aot_stage2b_bw_compile``, the fields of
   ``AutogradLazyBackwardCompileInfo``, ``TracingContext.fw_metadata``/``output_strides``,
@@ -110,14 +105,7 @@ from coordinator._compat.guards import (
     collective_switches_off,
     rank_reads,
 )
-from coordinator._compat.select_algorithm import (
-    TritonTemplateRequest,
-    device_name,
-    precompile_choices_in_process,
-    reference_ms,
-    selection_key,
-    split_choice_benchmarks,
-)
+from coordinator._compat.select_algorithm import device_name, precompile_choices_in_process
 from coordinator._compat.split_graphs import (
     SPLIT_GRAPH_VERSIONS,
     aot_autograd_cache_hits,
@@ -145,7 +133,6 @@ __all__ = [
     "SPLIT_GRAPH_VERSIONS",
     "SkipCompile",
     "TRITON_ONLY_KINDS",
-    "TritonTemplateRequest",
     "adopt_config",
     "aot_autograd_cache_hits",
     "bundles_of_final_kernels",
@@ -168,14 +155,11 @@ __all__ = [
     "process_compile_seconds",
     "precompile_choices_in_process",
     "rank_reads",
-    "reference_ms",
     "remote_cache_backend_base",
     "routable_kinds",
     "route_autotune_cache",
     "routed_remote_caches",
-    "selection_key",
     "share_config_kept_from_cache",
-    "split_choice_benchmarks",
     "split_graphs_unsupported",
     "triton_cache_dir",
     "triton_tuning_hooks",

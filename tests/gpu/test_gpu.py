@@ -103,17 +103,7 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
     # The follower ran the configs the leader tuned: it found them in the store.
     assert follower["stats"]["by_cache"]["autotune"]["hits"] > 0, follower["stats"]["by_cache"]
 
-    if mode == "max-autotune" and env.get("COORDINATOR_SPLIT_AUTOTUNE") == "1":
-        # Split autotuning: the follower compiled and timed GEMM template choices of the
-        # leader's selections while it waited for the graphs; its only Triton compiles.
-        split_leader, split_follower = leader["stats"]["split_autotune"], follower["stats"]["split_autotune"]
-        assert split_leader["selections"] > 0 and split_follower["selections"] == 0, (split_leader, split_follower)
-        assert split_follower["items_run_for_others"] > 0, split_follower
-        # The selecting rank never waits for a helper: it runs an item a helper holds itself
-        # once nothing is left to claim, so helpers' results may all arrive too late.
-        assert split_leader["items_received"] <= split_follower["items_run_for_others"], split_leader
-        assert follower["triton_compiles"] <= 2 * split_follower["items_run_for_others"], follower["counters"]
-    elif mode == "max-autotune":
+    if mode == "max-autotune":
         # The FX entries bundle the kernels their code launches, not the losing template
         # choices the leader compiled and timed: far fewer cubins arrive than it built.
         assert 2 * follower["cubins_on_disk"] < leader["cubins_on_disk"], (follower["cubins_on_disk"],
