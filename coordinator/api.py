@@ -22,11 +22,10 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 from coordinator import session as session_module
-from coordinator.config import Config
+from coordinator.config import Config, parse_flag
 from coordinator.errors import CoordinatorError
 from coordinator.inductor import route_caches
 from coordinator.logs import parse_level, show_coordinator_logs
@@ -37,47 +36,30 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def compile_once(
-    store: Any = None,
-    *,
-    secret: str | bytes | None = None,
-    lease: timedelta | None = None,
-    wait_timeout: timedelta | None = None,
-    progress_interval: timedelta | None = None,
-    namespace: str | None = None,
-    caches: tuple[str, ...] | None = None,
-    chunk_bytes: int | None = None,
-    ship_cpu_kernels: bool | None = None,
-    cache_ddp_graphs: bool | None = None,
-) -> Iterator[Session]:
+def compile_once(store: Any = None, *, config: Config | None = None, **settings: Any) -> Iterator[Session]:
     """Compile each graph once across all ranks while the context is active.
 
     Args:
         store: ``None`` for the job's torch.distributed store, a ``redis://``,
             ``rediss://`` or ``file://`` URL, or a store object.
-        secret: shared secret for HMAC-SHA256 signing of every value.
-        lease, wait_timeout, progress_interval, namespace, caches, chunk_bytes,
-            ship_cpu_kernels, cache_ddp_graphs: see :class:`coordinator.Config`.
+        config: a :class:`coordinator.Config` to start from instead of the environment.
+        **settings: any field of :class:`coordinator.Config` (``secret``, ``lease``,
+            ``wait_timeout``, ``progress_interval``, ``namespace``, ``caches``,
+            ``chunk_bytes``, ``ship_cpu_kernels``, ``share_local_hits``,
+            ``compile_choices_once``, ``signalled_waits``, ``early_backward``,
+            ``cache_ddp_graphs``).
 
-    Every argument left ``None`` falls back to its ``COORDINATOR_*`` environment
-    variable, then to the default.
+    Every setting left ``None`` comes from ``config`` if given, else its
+    ``COORDINATOR_*`` environment variable, else the default.
 
     Raises:
-        ConfigError: a setting is invalid.
+        ConfigError: a setting is unknown or invalid.
         CoordinatorError: another ``compile_once`` is already active in this process.
     """
-    config = Config.resolve(
-        store=store,
-        secret=secret,
-        lease=lease,
-        wait_timeout=wait_timeout,
-        progress_interval=progress_interval,
-        namespace=namespace,
-        caches=caches,
-        chunk_bytes=chunk_bytes,
-        ship_cpu_kernels=ship_cpu_kernels,
-        cache_ddp_graphs=cache_ddp_graphs,
-    )
+    if config is None:
+        config = Config.resolve(store=store, **settings)
+    else:
+        config = config.replace(store=store, **settings)
     if session_module.active() is not None:
         raise CoordinatorError("compile_once is already active in this process")
     session = Session(config)
@@ -119,7 +101,7 @@ def enable_from_env() -> bool:
     Raises:
         ConfigError: a ``COORDINATOR_*`` setting is invalid.
     """
-    if os.environ.get("COORDINATOR_ENABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
+    if not parse_flag(os.environ.get("COORDINATOR_ENABLE") or "0", "COORDINATOR_ENABLE"):
         return False
     del os.environ["COORDINATOR_ENABLE"]
     show_coordinator_logs(parse_level(os.environ.get("COORDINATOR_LOG_LEVEL")))

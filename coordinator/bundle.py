@@ -37,6 +37,7 @@ import msgpack
 
 from coordinator import _compat
 from coordinator.artifacts import AUTOTUNE_SUFFIXES, KERNEL_SUFFIXES, emit_kernels
+from coordinator.config import Config
 from coordinator.errors import ConfigError, EnvironmentMismatch, IntegrityError
 from coordinator.fingerprint import describe_difference, environment, fingerprint
 from coordinator.node import file_lock
@@ -218,15 +219,26 @@ def install_bundle(bundle: Bundle) -> dict:
     }
 
 
-def _secret(secret: str | bytes | None) -> bytes | None:
-    if secret is None:
-        secret = os.environ.get("COORDINATOR_SECRET") or None
-    return secret.encode() if isinstance(secret, str) else secret
+def bundle_settings(secret: str | bytes | None = None, namespace: str | None = None) -> tuple[bytes | None, str]:
+    """The secret and namespace a bundle is signed and keyed with: the arguments, else
+    those of this process's ``compile_once`` (active, or the last to exit), else their
+    ``COORDINATOR_*`` variables, else none.
+
+    Raises:
+        ConfigError: a setting is invalid.
+    """
+    from coordinator.session import current as current_session
+
+    session = current_session()
+    config = session.config if session is not None else Config.resolve()
+    config = config.replace(secret=secret, namespace=namespace)
+    return config.secret, config.namespace
 
 
 def bundle_key(name: str = "default", namespace: str | None = None) -> str:
-    """The store key of bundle ``name`` for this environment."""
-    namespace = namespace if namespace is not None else os.environ.get("COORDINATOR_NAMESPACE", "")
+    """The store key of bundle ``name`` for this environment (and namespace, see
+    :func:`bundle_settings`)."""
+    _, namespace = bundle_settings(namespace=namespace)
     return f"bundles/{fingerprint()}/{namespace or '_'}/{name}"
 
 
@@ -242,7 +254,7 @@ def broadcast_bundle(src: int = 0, group: Any = None, *, secret: str | bytes | N
     """
     import torch.distributed as dist
 
-    secret = _secret(secret)
+    secret = bundle_settings(secret)[0]
     blob = pack_bundle(secret=secret) if dist.get_rank() == src else None
     received, elapsed = broadcast_bytes(blob, src, group)
     result: dict = {"bytes": len(received if received is not None else blob), "broadcast_s": elapsed}
@@ -319,7 +331,7 @@ def save_bundle(
     """
     from coordinator.stores import open_store
 
-    blob = pack_bundle(secret=_secret(secret)) if blob is None else blob
+    blob = pack_bundle(secret=bundle_settings(secret)[0]) if blob is None else blob
     if max_bytes is not None and len(blob) > max_bytes:
         raise ConfigError(f"bundle is {len(blob)} bytes, over the {max_bytes}-byte limit")
     store = open_store(url)
@@ -340,7 +352,7 @@ def fetch_bundle(url: str, *, name: str = "default", secret: str | bytes | None 
     blob = store.get(bundle_key(name))
     if blob is None:
         raise FileNotFoundError(f"no bundle {name!r} for environment {fingerprint()} in {store.name}")
-    return read_bundle(blob, secret=_secret(secret))
+    return read_bundle(blob, secret=bundle_settings(secret)[0])
 
 
 def copy_bundles(src_url: str, dst_url: str, *, secret: str | bytes | None = None, move: bool = True) -> list[str]:
@@ -362,7 +374,7 @@ def copy_bundles(src_url: str, dst_url: str, *, secret: str | bytes | None = Non
         if blob is None:
             continue
         try:
-            bundle = read_bundle(blob, secret=_secret(secret), check_environment=False)
+            bundle = read_bundle(blob, secret=bundle_settings(secret)[0], check_environment=False)
             if key.split("/")[1] != fingerprint(bundle.header["environment"]):
                 raise EnvironmentMismatch(f"its environment is not the one its key {key} names")
         except IntegrityError as exc:

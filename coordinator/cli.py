@@ -42,7 +42,7 @@ def _read_source(source: str, name: str) -> bytes:
 
 
 def _bundle_command(args: argparse.Namespace) -> int:
-    secret = bundles._secret(None)
+    secret = bundles.bundle_settings()[0]
     if args.action == "save":
         with open(args.file, "rb") as f:
             blob = f.read()

@@ -2,7 +2,9 @@
 
 Every setting can be given three ways, and the first one present wins: an argument
 to :func:`coordinator.compile_once` (or :meth:`Config.resolve`), an environment
-variable, then the default. The environment variables let a launcher switch the
+variable, then the default. ``compile_once``, ``coordinator-run``, the bundle
+functions, the CLI and the SLURM hooks all build their settings here, and every
+yes/no value is read by :func:`parse_flag`. The environment variables let a launcher switch the
 coordinator on and tune it without touching the training script.
 
 ===========================  ==================================  ==========================
@@ -77,13 +79,22 @@ def _integer(name: str, raw: str) -> int:
         raise ConfigError(f"{_ENV[name]}={raw!r} is not a whole number") from None
 
 
-def _flag(name: str, raw: str) -> bool:
+def parse_flag(raw: str, source: str) -> bool:
+    """The one reading of a yes/no setting: 1/true/yes/on or 0/false/no/off, any case.
+
+    Raises:
+        ConfigError: ``raw`` is neither, naming ``source`` (the variable it came from).
+    """
     lowered = raw.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"{_ENV[name]}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+    raise ConfigError(f"{source}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _flag(name: str, raw: str) -> bool:
+    return parse_flag(raw, _ENV[name])
 
 
 _PARSE_ENV = {
@@ -209,9 +220,7 @@ class Config:
             ConfigError: a setting is invalid, with the variable or argument it came from.
         """
         environ = os.environ if environ is None else environ
-        unknown = sorted(set(arguments) - set(_ENV))
-        if unknown:
-            raise ConfigError(f"unknown settings {unknown}; allowed: {', '.join(_ENV)}")
+        _check_names(arguments)
         values: dict[str, Any] = {}
         for name, env_name in _ENV.items():
             if arguments.get(name) is not None:
@@ -219,3 +228,19 @@ class Config:
             elif environ.get(env_name):
                 values[name] = _PARSE_ENV[name](name, environ[env_name])
         return cls(**values)
+
+    def replace(self, **arguments: Any) -> Config:
+        """This config with the arguments that are not ``None`` in place of its values,
+        validated again.
+
+        Raises:
+            ConfigError: a setting is unknown or invalid.
+        """
+        _check_names(arguments)
+        return dataclasses.replace(self, **{name: value for name, value in arguments.items() if value is not None})
+
+
+def _check_names(arguments: Mapping[str, Any]) -> None:
+    unknown = sorted(set(arguments) - set(_ENV))
+    if unknown:
+        raise ConfigError(f"unknown settings {unknown}; allowed: {', '.join(_ENV)}")

@@ -39,6 +39,7 @@ import sys
 import time
 
 from coordinator import _compat
+from coordinator.config import Config, parse_flag
 
 log = logging.getLogger(__name__)
 
@@ -181,14 +182,17 @@ def job_settings(environ: dict[str, str]) -> JobSettings:
         log.warning("coordinator slurm: COORDINATOR_SLURM_TIMEOUT=%r is not a number; using 300",
                     merged["COORDINATOR_SLURM_TIMEOUT"])
         timeout_s = 300.0
+    # The bundle's settings as compile_once reads them (validated): the rest of merged is ours.
+    config = Config.resolve(environ={name: merged[name] for name in ("COORDINATOR_SECRET", "COORDINATOR_NAMESPACE")
+                                     if name in merged})
     return JobSettings(
         job_id=job_id, user=user, uid=uid, gid=gid, cache_dir=cache_dir,
         restore_url=merged.get("COORDINATOR_RESTORE_BUNDLE") or None,
         push_url=merged.get("COORDINATOR_PUSH_BUNDLE") or None,
         bundle_name=merged.get("COORDINATOR_BUNDLE_NAME") or "default",
-        namespace=merged.get("COORDINATOR_NAMESPACE", ""),
-        secret=merged.get("COORDINATOR_SECRET") or None,
-        clean=merged.get("COORDINATOR_SLURM_CLEAN", "").lower() in ("1", "true", "yes", "on"),
+        namespace=config.namespace,
+        secret=config.secret.decode() if config.secret else None,
+        clean=parse_flag(merged.get("COORDINATOR_SLURM_CLEAN") or "0", "COORDINATOR_SLURM_CLEAN"),
         timeout_s=timeout_s,
     )
 

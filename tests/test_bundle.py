@@ -153,3 +153,17 @@ def test_redis_ttl_and_size_policy(redis_server):
     ttl_ms = raw.pttl("coordinator/" + bundle_key("expiring"))
     assert 0 < ttl_ms <= 60_000
     assert raw.exists("coordinator/" + bundle_key("capped")) == 0
+
+
+def test_save_bundle_inside_a_session_uses_its_secret_and_namespace(tmp_path, monkeypatch):
+    monkeypatch.delenv("COORDINATOR_SECRET", raising=False)
+    monkeypatch.delenv("COORDINATOR_NAMESPACE", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    url = f"file://{tmp_path / 'bundles'}"
+    with coordinator.compile_once(f"file://{tmp_path / 'store'}", secret="session-secret", namespace="team"):
+        coordinator.save_bundle(url)
+    blob = coordinator.open_store(url).get(bundle_key(namespace="team"))
+    assert blob is not None and coordinator.open_store(url).get(bundle_key(namespace="")) is None
+    assert read_bundle(blob, secret=b"session-secret").describe()["signature"] == "HMAC-SHA256, verified"
+    with pytest.raises(IntegrityError, match="signature mismatch"):
+        read_bundle(blob, secret=b"another")

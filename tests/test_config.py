@@ -103,3 +103,41 @@ def test_invalid_env(monkeypatch):
         Config.resolve(leese=1)
     with pytest.raises(ConfigError, match="COORDINATOR_CHUNK_BYTES='1MB' is not a whole number"):
         Config.resolve(environ={"COORDINATOR_CHUNK_BYTES": "1MB"})
+
+
+def _readme_settings() -> dict[str, str]:
+    """Setting -> environment variable, from the README's configuration table."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    return dict(re.findall(r"^\| `([a-z_]+)` \| `(COORDINATOR_[A-Z_]+)` \|", readme, flags=re.M))
+
+
+def test_compile_once_accepts_every_setting_the_readme_lists(tmp_path, monkeypatch):
+    import dataclasses
+
+    import coordinator
+    from coordinator.config import _ENV
+
+    listed = _readme_settings()
+    assert listed == _ENV  # the README lists every setting, under its variable
+    for env_name in listed.values():
+        monkeypatch.delenv(env_name, raising=False)
+    defaults = Config()
+    other = {"store": f"file://{tmp_path}", "secret": b"s", "namespace": "team", "caches": ("fx_graph",),
+             "chunk_bytes": 4096}
+    for field in dataclasses.fields(Config):
+        default = getattr(defaults, field.name)
+        if field.name not in other:
+            other[field.name] = (not default if isinstance(default, bool) else default + timedelta(seconds=1))
+    assert set(other) == set(listed)
+    with coordinator.compile_once(**other) as session:
+        for name, value in other.items():
+            assert getattr(session.config, name) == value, name
+    base = Config(lease=timedelta(seconds=3))
+    with coordinator.compile_once(config=base, namespace="ns") as session:
+        assert session.config.lease == timedelta(seconds=3) and session.config.namespace == "ns"
+    with pytest.raises(ConfigError, match="unknown settings \\['leese'\\]"):
+        with coordinator.compile_once(leese=3):
+            pass

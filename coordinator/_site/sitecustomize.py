@@ -29,7 +29,7 @@ def _leave_pythonpath() -> None:
 
 
 def _enable() -> None:
-    if os.environ.get("COORDINATOR_ENABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
+    if not os.environ.get("COORDINATOR_ENABLE", "").strip():  # enable_from_env reads its value
         return
     _leave_pythonpath()
     try:
