@@ -29,7 +29,10 @@ import logging
 import os
 import re
 import shutil
+import threading
+import time
 import uuid
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -176,3 +179,68 @@ def emit_triton_kernels(triton_dir: str, files: dict[str, bytes]) -> int:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return written
+
+
+class ShippedKernels:
+    """One process's side of kernel shipping: which C++ kernels an FX graph's compile
+    built or resolved (to send with its entry), writing received ones, and the record
+    of every kernel file and compile second this process compiled or received, which a
+    whole-job bundle carries (``coordinator.bundle``)."""
+
+    def __init__(self, cache_dir: Callable[[], str], triton_dir: Callable[[], str]) -> None:
+        self._cache_dir = cache_dir
+        self._triton_dir = triton_dir
+        #: Wall-clock time of each FX miss this process compiles without a claim.
+        self._missed_at: dict[str, float] = {}
+        #: C++ kernel libraries resolved on each thread since its last FX miss.
+        self._resolved = threading.local()
+        #: Kernel files this rank compiled or received, and the compile seconds of the FX
+        #: graphs it compiled or received.
+        self.files: set[str] = set()
+        self.compile_time_s = 0.0
+
+    def missed(self, key: str) -> None:
+        """This thread compiles FX graph ``key`` now: kernels from here on travel with it."""
+        self._missed_at[key] = time.time()
+        self._resolved.paths = []
+
+    def resolved(self, path: str) -> None:
+        """Inductor resolved the C++ kernel library ``path`` on this thread
+        (``_compat.cpu_kernels_resolved``)."""
+        paths = getattr(self._resolved, "paths", None)
+        if paths is not None:
+            paths.append(path)
+
+    def forget(self, key: str) -> float | None:
+        """Stop tracking ``key``; returns when it missed, if it did."""
+        return self._missed_at.pop(key, None)
+
+    def built_for(self, key: str, claimed_at: float | None) -> dict[str, bytes]:
+        """What the compile of ``key`` built (files written since its claim or miss) and
+        the kernels it found built already, by an earlier graph: a rank may load this
+        graph before that one."""
+        missed_at = self.forget(key)
+        since = claimed_at or missed_at
+        if since is None:
+            return {}
+        resolved, self._resolved.paths = getattr(self._resolved, "paths", None) or [], None
+        cache_dir = self._cache_dir()
+        return {**read_kernels(cache_dir, resolved), **collect_kernels(cache_dir, since)}
+
+    def read(self, paths: list[str]) -> dict[str, bytes]:
+        """The kernel files among ``paths`` (a local hit's)."""
+        return read_kernels(self._cache_dir(), paths)
+
+    def emit(self, files: dict[str, bytes]) -> int:
+        """Write received kernel files into this process's caches; returns how many."""
+        triton = {rel: data for rel, data in files.items() if rel.startswith(TRITON_PREFIX)}
+        cpu = {rel: data for rel, data in files.items() if rel not in triton}
+        written = emit_kernels(self._cache_dir(), cpu)
+        if triton:
+            written += emit_triton_kernels(self._triton_dir(), triton)
+        return written
+
+    def record(self, files: dict[str, bytes], compile_time_s: float) -> None:
+        """An FX graph this process compiled or received, for the job's bundle."""
+        self.files.update(files)
+        self.compile_time_s += compile_time_s

@@ -141,15 +141,15 @@ def pack_bundle(*, secret: bytes | None = None) -> bytes:
     artifacts: dict[str, bytes] = {"megacache": saved[0] if saved else b""}
     cache_dir = _compat.inductor_cache_dir()
     session = current_session()
-    if session is not None and session.kernel_files:
-        names = session.kernel_files
+    if session is not None and session.kernels.files:
+        names = session.kernels.files
     else:
         names = set(collect_kernels(cache_dir, _PROCESS_SEEN))
     # What a receiver saves: this process's own compile time, or, where it received
     # graphs through compile_once, what they cost the ranks that compiled them.
     compile_time = _compat.process_compile_seconds()
     if session is not None:
-        compile_time = max(compile_time, session.graph_compile_time_s)
+        compile_time = max(compile_time, session.kernels.compile_time_s)
     for rel in sorted(names):
         try:
             with open(os.path.join(cache_dir, rel), "rb") as f:

@@ -36,15 +36,13 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from coordinator import _compat
 from coordinator.errors import ConfigError
 
-#: Inductor caches the coordinator can route; see ``coordinator.inductor``.
-CACHE_KINDS = ("fx_graph", "autotune", "bundled_autotune", "aot_autograd", "pgo")
-#: Routed unless ``caches`` says otherwise. Bundled autotune is opt-in: switching it on
-#: fails the second graph of a job on torch 2.11 (``AutotuneCacheBundler.begin_compile``
-#: asserts on a bundler left over from the previous graph), and per-kernel autotune
-#: entries already carry the same results.
-DEFAULT_CACHES = ("fx_graph", "autotune", "aot_autograd", "pgo")
+#: Inductor caches the coordinator can route (one record each: ``_compat.CACHE_KINDS``).
+CACHE_KINDS = tuple(_compat.CACHE_KINDS)
+#: Routed unless ``caches`` says otherwise.
+DEFAULT_CACHES = tuple(name for name, kind in _compat.CACHE_KINDS.items() if kind.default)
 
 _ENV = {
     "store": "COORDINATOR_STORE",

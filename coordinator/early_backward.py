@@ -19,7 +19,7 @@ never waited for): the rank that compiles the graph others wait for keeps most o
 host's cores, and a GPU that ranks share is not timed by three compiles at once.
 
 Why no wait cycle forms: an early compile runs only inside a wait for an FX graph, and
-waits on nothing itself: its lookups never block (``Session.early_compile``), and a rank
+waits on nothing itself: its lookups never block (``EarlyBackwards._early_compile``), and a rank
 inside it holds only the claim of the graph it compiles, which it finishes without any
 collective. The wait it runs in resumes when it returns; a heartbeat seen during the
 compile keeps the waited-for claim's lease alive, as before.
@@ -28,15 +28,17 @@ compile keeps the waited-for claim's lease alive, as before.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from coordinator import _compat
+from coordinator.node import DeviceLock
+from coordinator.singleflight import Singleflight
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +61,34 @@ class EarlyBackwardCounts:
 class EarlyBackwards:
     """The backward graphs this process knows of and has not tried to compile early."""
 
-    def __init__(self, early_compile: Callable[[], AbstractContextManager[list[str]]],
-                 device_lock: Callable[[], Any]) -> None:
-        self._early_compile = early_compile
-        self._device_lock = device_lock
-        self._lock_for_device: Any = None
+    def __init__(self, flight: Callable[[], Singleflight | None]) -> None:
+        self._flight = flight
+        self._lock_for_device: DeviceLock | None = None
         self._pending: collections.deque[Any] = collections.deque()
         self._lock = threading.Lock()
         self._running = threading.local()
         self.counts = EarlyBackwardCounts()
+
+    def claims(self) -> list[str] | None:
+        """The keys claimed by the early compile running on this thread (``None``: none runs)."""
+        return getattr(self._running, "claims", None)
+
+    @contextlib.contextmanager
+    def _early_compile(self) -> Iterator[list[str]]:
+        """A backward graph compiled early, inside a wait on this thread: its lookups never
+        wait, an FX lookup that does not claim stops it (``SkipCompile``), and the claims it
+        leaves unpublished are released when it ends. Yields the list of keys it claims."""
+        flight = self._flight()
+        if flight is None:
+            raise _compat.SkipCompile("no store")
+        self._running.claims = claims = []
+        try:
+            with flight.no_waits():
+                yield claims
+        finally:
+            self._running.claims = None
+            for key in claims:
+                flight.abandon(key)  # a no-op for a key it published
 
     def add(self, backward: Any) -> None:
         """A backward AOTAutograd deferred (``_compat.deferred_backwards`` reports it)."""
@@ -82,7 +103,7 @@ class EarlyBackwards:
             if not self._pending:
                 return False
         if self._lock_for_device is None:
-            self._lock_for_device = self._device_lock()
+            self._lock_for_device = DeviceLock(f"early-backward-{_compat.device_name()}")
         with self._lock_for_device.tried() as mine:
             if not mine:  # another rank compiles early on this device: leave the cores to the graph waited for
                 return False

@@ -8,8 +8,8 @@ Inductor consult those caches; ``_compat.routed_remote_caches`` restores it all 
 exit. Inductor keeps doing what it does on any remote hit: emit bundled Triton
 kernels, extend NCCL timeouts; and we keep the FX graphs of remote hits in its local
 cache, which it does not do itself (``_compat.fx_graph_lookups``), so a repeated graph
-is received once. FX graphs Inductor serves from its local cache are reported to the
-session too (``Session.fx_graph_served``), and Triton kernels tuning at their first
+is received once. FX graphs Inductor serves from its local cache are shared
+(``coordinator.local_hits``), and Triton kernels tuning at their first
 launch too (``_compat.triton_tuning_hooks``). Reads of the rank are reported to the
 session (``_compat.rank_reads``), which never shares a graph compiled while the rank was
 read; and Inductor's switches that run collectives inside a compile are off
@@ -27,10 +27,12 @@ DDP model, which AOTAutograd's cache bypasses, are saved to it and served from i
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator
 
 from coordinator import _compat
+from coordinator.local_hits import share_local_hit
 from coordinator.session import Session
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ def _split_graphs(session: Session) -> contextlib.AbstractContextManager[None]:
 def route_caches(session: Session) -> Iterator[None]:
     """Send the session's configured Inductor caches through it for the duration."""
     backends = {kind: _backend_class(session, kind) for kind in _compat.routable_kinds(session.config.caches)}
-    served = session.fx_graph_served if session.config.share_local_hits else None
+    served = functools.partial(share_local_hit, session) if session.config.share_local_hits else None
     tune = "autotune" in backends
     aot_hits_before = _compat.aot_autograd_cache_hits()
     session.stats.aot_autograd_hits = lambda: _compat.aot_autograd_cache_hits() - aot_hits_before
@@ -85,13 +87,13 @@ def route_caches(session: Session) -> Iterator[None]:
         _compat.collective_switches_off(),
         _compat.routed_remote_caches(backends),
         _compat.on_compile_end(session.compile_ended),
-        _compat.rank_reads(session.rank_read),
-        _compat.fx_graph_lookups(served, session.keep_graph_locally) if "fx_graph" in backends
+        _compat.rank_reads(session.ranks.rank_read),
+        _compat.fx_graph_lookups(served, session.ranks.keep_locally) if "fx_graph" in backends
         else contextlib.nullcontext(),
         _compat.bundles_of_final_kernels() if "fx_graph" in backends else contextlib.nullcontext(),
-        _compat.cpu_kernels_resolved(session.cpu_kernel_resolved)
+        _compat.cpu_kernels_resolved(session.kernels.resolved)
         if "fx_graph" in backends and session.config.ship_cpu_kernels else contextlib.nullcontext(),
-        _compat.triton_tuning_hooks(session.tuning_step) if tune else contextlib.nullcontext(),
+        _compat.triton_tuning_hooks(session.tuning.step) if tune else contextlib.nullcontext(),
         _compat.precompile_choices_in_process() if session.config.compile_choices_once
         else contextlib.nullcontext(),
         _compat.deferred_backwards(session.early.add) if session.config.early_backward and "fx_graph" in backends

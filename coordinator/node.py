@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import tempfile
 import time
@@ -25,6 +26,9 @@ import uuid
 from collections.abc import Callable, Iterator
 
 from coordinator.errors import WaitTimeout
+from coordinator.singleflight import LookupResult, Singleflight
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -102,6 +106,33 @@ class NodeCache:
         with open(tmp, "wb") as f:
             f.write(value)
         os.replace(tmp, path)
+
+    def lookup(self, flight: Singleflight, key: str, *, blocking: bool, wait_s: float | None,
+               work_first: Callable[[], bool] | None) -> LookupResult:
+        """Look ``key`` up once per node: from this node's copy, else, under the key's node
+        lock (so sibling processes wait here instead of asking the store), from the store,
+        keeping what it returns. ``wait_s=None``: this process must not wait (it holds a
+        claim), so it only tries the lock. ``work_first`` runs while it waits (either wait)."""
+        local = self.read(key)
+        if local is not None:
+            return LookupResult(local, "node")
+        started = time.monotonic()
+        try:
+            with self.lock(key, wait_s or 0.0, work_first if wait_s is not None else None):
+                local = self.read(key)
+                if local is not None:
+                    return LookupResult(local, "node", time.monotonic() - started)
+                lock_wait = time.monotonic() - started
+                result = flight.lookup(key, blocking=blocking, before_waiting=work_first)
+                result.waited_s += lock_wait
+                if result.value is not None:
+                    self.write(key, result.value)
+                return result
+        except WaitTimeout:
+            return flight.lookup(key, blocking=blocking)
+        except OSError as exc:
+            log.warning("compile_once: node-local lookup of %s failed (%s); asking the store", key, exc)
+            return flight.lookup(key, blocking=blocking)
 
     @contextlib.contextmanager
     def lock(self, key: str, timeout_s: float, while_waiting: Callable[[], bool] | None = None) -> Iterator[None]:

@@ -156,8 +156,7 @@ class Singleflight:
         self.progress_interval = progress_interval.total_seconds()
         self._claims: dict[str, _Claim] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._heartbeat: threading.Thread | None = None
+        self._heartbeat = _Heartbeat(self)
         self._broken: str | None = None
         self._thread = threading.local()
         if signalled_waits:
@@ -291,7 +290,7 @@ class Singleflight:
         with self._lock:
             self._claims[key] = _Claim(gen, time.time())
         self.store.set(f"h/{key}/{gen}", msgpack.packb([0, time.time()]))
-        self._ensure_heartbeat()
+        self._heartbeat.ensure_running()
         if gen > 0:
             self._signal_moved(key, gen - 1)
         log.debug("claimed %s (generation %d)", key, gen)
@@ -472,35 +471,46 @@ class Singleflight:
         except StoreError as exc:
             log.debug("could not delete claim on %s: %s", key, exc)
 
-    # -- heartbeat ---------------------------------------------------------------------
+    def close(self) -> None:
+        """Abandon held claims and stop the heartbeat thread."""
+        self.abandon_all()
+        self._heartbeat.stop()
 
-    def _ensure_heartbeat(self) -> None:
-        with self._lock:
-            if self._heartbeat is not None and self._heartbeat.is_alive():
+
+class _Heartbeat:
+    """The thread that bumps the heartbeat of every claim a process holds, every lease/4,
+    and signals each beat to the claim's waiters; none after a claim's end signal."""
+
+    def __init__(self, flight: Singleflight) -> None:
+        self._flight = flight
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def ensure_running(self) -> None:
+        with self._flight._lock:
+            if self._thread is not None and self._thread.is_alive():
                 return
             self._stop.clear()
-            self._heartbeat = threading.Thread(target=self._beat_forever, name="coordinator-heartbeat", daemon=True)
-            self._heartbeat.start()
+            self._thread = threading.Thread(target=self._beat_forever, name="coordinator-heartbeat", daemon=True)
+            self._thread.start()
 
     def _beat_forever(self) -> None:
-        interval = self.lease / 4
-        while not self._stop.wait(interval):
-            with self._lock:
-                claims = list(self._claims.items())
+        flight = self._flight
+        while not self._stop.wait(flight.lease / 4):
+            with flight._lock:
+                claims = list(flight._claims.items())
             for key, claim in claims:
                 try:
                     with claim.lock:  # no beat after the end signal
                         if claim.ended:
                             continue
                         claim.beats += 1
-                        self.store.set(f"h/{key}/{claim.gen}", msgpack.packb([claim.beats, time.time()]))
-                        self.store.signal(f"w/{key}/{claim.gen}/{claim.beats}", BEAT)
+                        flight.store.set(f"h/{key}/{claim.gen}", msgpack.packb([claim.beats, time.time()]))
+                        flight.store.signal(f"w/{key}/{claim.gen}/{claim.beats}", BEAT)
                 except StoreError as exc:
                     log.debug("heartbeat for %s failed: %s", key, exc)
 
-    def close(self) -> None:
-        """Abandon held claims and stop the heartbeat thread."""
-        self.abandon_all()
+    def stop(self) -> None:
         self._stop.set()
-        if self._heartbeat is not None:
-            self._heartbeat.join(timeout=self.lease)
+        if self._thread is not None:
+            self._thread.join(timeout=self._flight.lease)

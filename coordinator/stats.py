@@ -110,6 +110,13 @@ class Stats:
         with self._lock:
             self.waited_s += seconds
 
+    def record_lookup(self, result: Any) -> None:
+        """A singleflight lookup's wait, and whether the store failed in it."""
+        if result.waited_s:
+            self.record_wait(result.waited_s)
+        if result.outcome == "unavailable":
+            self.store_failed = True
+
     def as_dict(self) -> dict:
         with self._lock:
             fx = self.kinds.get("fx_graph", KindCounts())

@@ -83,7 +83,7 @@ def test_session_treats_bad_values_as_misses(tmp_path, caplog, monkeypatch, atta
     payload = pickle.dumps(Exploding())
     writer.put("fx_graph", "pt2:fx-graph-v1::key:c1", payload)
     store = writer.flight().store
-    key = writer._key("fx_graph", "pt2:fx-graph-v1::key:c1")
+    key = writer.store_key("fx_graph", "pt2:fx-graph-v1::key:c1")
     blob = store.get(f"v/{key}")
     flipped = blob[:-1] + bytes([blob[-1] ^ 1])
     if attack == "tampered":
@@ -116,7 +116,7 @@ def test_a_repeated_graph_is_received_once_and_reread_from_the_node(tmp_path, mo
     for _ in range(3):
         assert reader.get("fx_graph", "pt2:fx-graph-v1::layer") == b"compiled layer" * 1000
     stats = reader.stats.as_dict()
-    sent = len(writer.flight().store.get(f"v/{writer._key('fx_graph', 'pt2:fx-graph-v1::layer')}"))
+    sent = len(writer.flight().store.get(f"v/{writer.store_key('fx_graph', 'pt2:fx-graph-v1::layer')}"))
     assert (stats["graphs_received"], stats["store_fetches"]) == (3, 1)
     assert (stats["bytes_received"], stats["bytes_from_node"]) == (sent, 2 * sent)
     writer.close()

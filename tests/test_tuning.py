@@ -107,10 +107,10 @@ def tuning(tmp_path, monkeypatch):
     def published(name: str) -> dict | None:
         from coordinator.integrity import open_sealed
 
-        blob = store.get(f"v/{leader._key('autotune', name)}")
-        return None if blob is None else open_sealed(leader._key("autotune", name), blob)
+        blob = store.get(f"v/{leader.store_key('autotune', name)}")
+        return None if blob is None else open_sealed(leader.store_key("autotune", name), blob)
 
-    with _compat.triton_tuning_hooks(leader.tuning_step):
+    with _compat.triton_tuning_hooks(leader.tuning.step):
         yield SimpleNamespace(leader=leader, published=published, triton_dir=triton_dir, url=url,
                               tuner=lambda name, **kw: StandInTuner(leader, name, triton_dir, **kw),
                               call=lambda tuner, method, *a: getattr(th.CachingAutotuner, method)(tuner, *a))
@@ -198,7 +198,7 @@ class KernelFromWorker:
     def store_key(self, session: Session) -> str:
         """The session's key for this kernel's config: Inductor's Redis-style key, hashed."""
         remote, key = _compat.kernel_autotune_cache(self).remote_cache
-        return session._key("autotune", remote._get_key(key))
+        return session.store_key("autotune", remote._get_key(key))
 
     def first_launch(self) -> None:  # the config search saves its pick, as CachingAutotuner does
         config = SimpleNamespace(kwargs={"XBLOCK": 64}, num_warps=4, num_stages=1)
@@ -313,14 +313,14 @@ def test_a_config_found_in_this_ranks_cache_is_shared_under_the_key_a_loader_loo
     monkeypatch.delenv("TORCHINDUCTOR_REDIS_URL", raising=False)
     monkeypatch.setattr(_compat, "routable_kinds", lambda kinds: list(kinds))  # route autotune without a GPU
     with coordinator.compile_once(f"file://{tmp_path / 'store'}") as leader:
-        assert leader.flight().lookup(leader._key("fx_graph", "graph-1"), blocking=True).outcome == "claimed"
+        assert leader.flight().lookup(leader.store_key("fx_graph", "graph-1"), blocking=True).outcome == "claimed"
         (first,) = kernels_from_a_worker(tmp_path, ["triton_red_fused_0"], coordesc=True).values()
         th.CachingAutotuner.restore_after_unpickle(first, None)
         assert first.autotune_cache_info["autotune_cache_state"] == "miss" and len(first.configs) == 2
         first.save_cache_hook(config({"XBLOCK": 64}, 4, 1), 7_000_000, found_by_coordesc=True)  # its descent's pick
 
         # The next graph: the same kernel, compiled again in a worker, which finds its config here.
-        leader.flight().lookup(leader._key("fx_graph", "graph-2"), blocking=True)
+        leader.flight().lookup(leader.store_key("fx_graph", "graph-2"), blocking=True)
         (again,) = kernels_from_a_worker(tmp_path, ["triton_red_fused_0"], coordesc=True).values()
         assert again.autotune_cache_info["autotune_cache_state"] == "hit" and len(again.configs) == 1
         again.configs[0].found_by_coordesc = False  # as torch 2.11's read_best returns a config among the kernel's own
@@ -331,7 +331,7 @@ def test_a_config_found_in_this_ranks_cache_is_shared_under_the_key_a_loader_loo
         alias = AutotuneCache(kept_hash)
         alias._setup_remote_autotune_cache(again.inductor_meta, AutotuneCache._prepare_key(again.filename))
         remote, key = alias.remote_cache
-        alias_key = leader._key("autotune", remote._get_key(key))
+        alias_key = leader.store_key("autotune", remote._get_key(key))
         assert alias_key != first.store_key(leader)
         from coordinator.integrity import open_sealed
 

@@ -78,10 +78,9 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
 
 from coordinator._compat.backward import DeferredBackward, SkipCompile, deferred_backwards
 from coordinator._compat.caches import (
-    INDUCTOR_EXTENDS_TIMEOUT,
+    CACHE_KINDS,
     NO_REDIS_URL,
-    REMOTE_CACHE_CLASSES,
-    TRITON_ONLY_KINDS,
+    CacheKind,
     compile_workers_without_redis,
     default_cache_dir,
     inductor_cache_dir,
@@ -125,14 +124,13 @@ from coordinator._compat.triton_tuning import (
 __all__ = [
     "COLLECTIVE_SWITCHES",
     "DeferredBackward",
-    "INDUCTOR_EXTENDS_TIMEOUT",
+    "CACHE_KINDS",
+    "CacheKind",
     "NO_REDIS_URL",
     "RANK_READS_FOR_LOGGING",
     "RANK_READS_IGNORED_MODULES",
-    "REMOTE_CACHE_CLASSES",
     "SPLIT_GRAPH_VERSIONS",
     "SkipCompile",
-    "TRITON_ONLY_KINDS",
     "adopt_config",
     "aot_autograd_cache_hits",
     "bundles_of_final_kernels",

@@ -8,6 +8,7 @@ Redis backend; calls back at the end of each compile.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -15,31 +16,56 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: coordinator cache kind -> class name in ``torch._inductor.remote_cache``.
-REMOTE_CACHE_CLASSES = {
-    "fx_graph": "RemoteFxGraphCache",
-    "autotune": "RemoteAutotuneCache",
-    "bundled_autotune": "RemoteBundledAutotuneCache",
-    "aot_autograd": "RemoteAOTAutogradCache",
-    "pgo": "RemoteDynamoPGOCache",
-}
+@dataclasses.dataclass(frozen=True, slots=True)
+class CacheKind:
+    """One Inductor cache the coordinator can route: everything the code asks of a kind.
 
-#: coordinator cache kind -> (module, attribute) switched on while routed.
-_CONFIG_SWITCHES = {
-    "fx_graph": [("torch._inductor.config", "fx_graph_remote_cache")],
-    "autotune": [("torch._inductor.config", "autotune_remote_cache")],
-    "bundled_autotune": [("torch._inductor.config", "bundled_autotune_remote_cache")],
-    "aot_autograd": [("torch._functorch.config", "enable_remote_autograd_cache")],
-    "pgo": [("torch._dynamo.config", "automatic_dynamic_remote_pgo")],
-}
+    A new kind is one more record in :data:`CACHE_KINDS` (``docs/design.md``, "How to
+    extend"); ``tests/test_config.py`` checks each record against the running torch.
+    """
 
-#: Caches of Triton kernels: their keys need a Triton backend hash, which a CPU-only
-#: process lacks (turning them on there trips an assertion in Inductor).
-TRITON_ONLY_KINDS = frozenset({"autotune", "bundled_autotune"})
+    name: str
+    """The name in ``Config.caches`` and in store keys."""
+    inductor_class: str
+    """Its class in ``torch._inductor.remote_cache``, whose ``backend_override_cls`` we set."""
+    switches: tuple[tuple[str, str], ...]
+    """(module, attribute) config switches that make Inductor consult it, on while routed."""
+    waits: str
+    """When a rank may wait for a key another rank holds: ``"always"`` (its owner finishes it
+    inside a compile, with no collective), ``"tuning_step"`` (only inside a kernel's tuning
+    step, ``TuningSteps.step``) or ``"never"`` (it may be finished after a collective: only read)."""
+    ships_kernels: bool
+    """Whether the C++ kernels its compile built travel with its entry (``ship_cpu_kernels``)."""
+    triton_only: bool
+    """Keys need a Triton backend hash, which a CPU-only process lacks: routed only with a GPU."""
+    inductor_extends_timeout: bool
+    """Inductor itself extends NCCL timeouts by the compile time saved on its hits; on the
+    others the coordinator does."""
+    default: bool
+    """Routed unless ``Config.caches`` says otherwise."""
 
-#: Caches on whose hits Inductor itself extends NCCL timeouts by the compile time saved
-#: (``add_ephemeral_timeout_increase_for_distributed``); on the others we do it.
-INDUCTOR_EXTENDS_TIMEOUT = frozenset({"fx_graph", "aot_autograd", "bundled_autotune"})
+
+_ALL = (
+    CacheKind("fx_graph", "RemoteFxGraphCache", (("torch._inductor.config", "fx_graph_remote_cache"),),
+              waits="always", ships_kernels=True, triton_only=False, inductor_extends_timeout=True, default=True),
+    CacheKind("autotune", "RemoteAutotuneCache", (("torch._inductor.config", "autotune_remote_cache"),),
+              waits="tuning_step", ships_kernels=False, triton_only=True, inductor_extends_timeout=False,
+              default=True),
+    # Opt-in: switching it on fails the second graph of a job on torch 2.11
+    # (``AutotuneCacheBundler.begin_compile`` asserts on a bundler left over from the
+    # previous graph), and per-kernel autotune entries already carry the same results.
+    CacheKind("bundled_autotune", "RemoteBundledAutotuneCache",
+              (("torch._inductor.config", "bundled_autotune_remote_cache"),),
+              waits="never", ships_kernels=False, triton_only=True, inductor_extends_timeout=True, default=False),
+    # Published after the backward compiles, which can follow forward-pass collectives (FSDP).
+    CacheKind("aot_autograd", "RemoteAOTAutogradCache", (("torch._functorch.config", "enable_remote_autograd_cache"),),
+              waits="never", ships_kernels=False, triton_only=False, inductor_extends_timeout=True, default=True),
+    # Published at the end of the run.
+    CacheKind("pgo", "RemoteDynamoPGOCache", (("torch._dynamo.config", "automatic_dynamic_remote_pgo"),),
+              waits="never", ships_kernels=False, triton_only=False, inductor_extends_timeout=False, default=True),
+)
+#: Every cache kind, by name.
+CACHE_KINDS: dict[str, CacheKind] = {kind.name: kind for kind in _ALL}
 
 
 def routable_kinds(kinds: tuple[str, ...]) -> list[str]:
@@ -47,7 +73,7 @@ def routable_kinds(kinds: tuple[str, ...]) -> list[str]:
     import torch
 
     has_gpu = torch.cuda.is_available()
-    return [kind for kind in kinds if has_gpu or kind not in TRITON_ONLY_KINDS]
+    return [kind for kind in kinds if has_gpu or not CACHE_KINDS[kind].triton_only]
 
 
 def remote_cache_backend_base() -> type:
@@ -80,13 +106,14 @@ def routed_remote_caches(backends: dict[str, type]) -> Iterator[None]:
 
     try:
         for kind, backend_cls in backends.items():
-            set_attr(getattr(remote_cache, REMOTE_CACHE_CLASSES[kind]), "backend_override_cls", backend_cls)
-            for module, attr in _CONFIG_SWITCHES[kind]:
+            set_attr(getattr(remote_cache, CACHE_KINDS[kind].inductor_class), "backend_override_cls", backend_cls)
+            for module, attr in CACHE_KINDS[kind].switches:
                 set_attr(_import(module), attr, True)
         inductor_config = _import("torch._inductor.config")
         set_attr(inductor_config, "bundle_triton_into_fx_graph_cache", True)
         _clear_cached_remote_caches()
-        with compile_workers_without_redis() if TRITON_ONLY_KINDS & set(backends) else contextlib.nullcontext():
+        triton_kinds = any(CACHE_KINDS[kind].triton_only for kind in backends)
+        with compile_workers_without_redis() if triton_kinds else contextlib.nullcontext():
             yield
     finally:
         for obj, name, value in reversed(saved):

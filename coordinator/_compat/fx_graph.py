@@ -104,21 +104,8 @@ def fx_graph_lookups(
         # Local entries are read first: a remote value means the local ones missed.
         if graph is not None and local and remote and remote.value is not None:
             _keep_locally(fx_cache, key, remote.value)
-        if served is None:
-            return result
-        # The key our backend sees: Inductor's Redis-style remote caches format it
-        # (``pt2:fx-graph-v1::<key>:c1``). Without a remote cache there is no backend.
-        get_key = getattr(remote_cache, "_get_key", None)
-        if graph is not None and get_key is not None:
-
-            def remote_value() -> bytes | None:
-                entry = _local_fx_entry(fx_cache, key)
-                return None if entry is None else fx_graph_remote_value(entry, getattr(graph, "_time_taken_ns", None))
-
-            try:
-                served(get_key(key), remote_value, files)
-            except Exception:  # the coordinator never fails a cache hit
-                log.warning("compile_once: handling the FX cache hit for %s failed", key, exc_info=True)
+        if served is not None and graph is not None:
+            _report_hit(served, fx_cache, key, graph, remote_cache, files)
         return result
 
     def write_to_local_cache(key: str, content: bytes) -> None:
@@ -136,6 +123,25 @@ def fx_graph_lookups(
         fx_cache._lookup_graph = original_lookup
         fx_cache._write_to_local_cache = original_write
         codecache._worker_compile_cpp = original_worker
+
+
+def _report_hit(served: Callable[[str, Callable[[], bytes | None], list[str]], None], fx_cache: Any, key: str,
+                graph: Any, remote_cache: Any, files: list[str]) -> None:
+    """Tell ``served`` about a hit, under the key our backend sees: Inductor's Redis-style
+    remote caches format it (``pt2:fx-graph-v1::<key>:c1``). Without a remote cache there
+    is no backend, and nothing to tell."""
+    get_key = getattr(remote_cache, "_get_key", None)
+    if get_key is None:
+        return
+
+    def remote_value() -> bytes | None:
+        entry = _local_fx_entry(fx_cache, key)
+        return None if entry is None else fx_graph_remote_value(entry, getattr(graph, "_time_taken_ns", None))
+
+    try:
+        served(get_key(key), remote_value, files)
+    except Exception:  # the coordinator never fails a cache hit
+        log.warning("compile_once: handling the FX cache hit for %s failed", key, exc_info=True)
 
 
 @contextlib.contextmanager

@@ -3,7 +3,7 @@
 A Triton kernel tunes at its first launch: it compiles its configs (``precompile``), searches
 them (``autotune_to_one_config``), then, with coordinate descent on, refines the winner
 (``coordinate_descent_tuning``). Each of those runs inside one *tuning step* of the session
-(``Session.tuning_step``): the only place an autotune key is claimed, and a leaf (no
+(``TuningSteps.step``): the only place an autotune key is claimed, and a leaf (no
 collective, no blocking lookup), so no wait cycle can form through it (``docs/design.md``).
 Inside the step the kernel first looks for a config another rank published and adopts it
 (``adopt_config``); otherwise it tunes, and its save is held during the search while the
@@ -11,7 +11,7 @@ descent will refine it (``defer_autotune_save``), so that waiters get the final 
 Kernels compiled in compile workers and static autotuners restored from FX entries get their
 autotune cache routed to the coordinator too (``route_autotune_cache``), and a config a worker
 found in this rank's own cache is shared under the key a loader looks it up by
-(``share_config_kept_from_cache``). The session's side is ``Session.tuning_step`` and the
+(``share_config_kept_from_cache``). The session's side is ``TuningSteps.step`` and the
 autotune branch of ``Session.put``.
 """
 
@@ -35,31 +35,33 @@ def _torch_before(major: int, minor: int) -> bool:
     return version < (major, minor)
 
 
-#: The tuning step open on this thread: the kernel (``kernel``), the session's step
-#: context (``exit``), the stage (``stage``: "search" while a save must wait for the
-#: descent, "descent") and a held save (``pending``).
-_tuning = threading.local()
+#: The hooks installed now (CachingAutotuner's methods are patched process-wide).
+_installed: TritonTuningHooks | None = None
 
 
 def defer_autotune_save(publish: Callable[[dict[str, bytes]], None]) -> bool:
-    """Hold an autotune entry Inductor is saving until its kernel's coordinate descent ends.
-
-    Triton kernels tuned at their first launch save a best config after the config
-    search and, when coordinate descent is on for the kernel, again when the descent
-    has refined it. Sharing the first would give other ranks a different config than
-    this rank runs (or, on torch < 2.12, have them run the descent themselves). Inside
-    :func:`triton_tuning_hooks`, while a kernel whose ``inductor_meta`` turns coordinate
-    descent on searches configs or descends, ``publish`` is kept (a later save of the
-    same kernel replaces it) and called when the descent returns, with the Triton cache
-    entry of the config it chose (compiled during the descent, so not in the FX entry).
+    """Hold an autotune entry Inductor is saving until its kernel's coordinate descent
+    ends (:meth:`TritonTuningHooks.defer_save`), if hooks are installed.
 
     Returns:
         True if held; False if the caller should publish now.
     """
-    if getattr(_tuning, "stage", None) is None:
-        return False
-    _tuning.pending = publish
-    return True
+    return _installed is not None and _installed.defer_save(publish)
+
+
+@contextlib.contextmanager
+def _saves_published_now() -> Iterator[None]:
+    """On this thread, for the duration, an autotune save publishes at once even inside
+    a tuning step that holds its saves."""
+    state = _installed._thread if _installed is not None else None
+    held = (getattr(state, "stage", None), getattr(state, "pending", None)) if state is not None else None
+    if state is not None:
+        state.stage = None
+    try:
+        yield
+    finally:
+        if state is not None:
+            state.stage, state.pending = held
 
 
 def triton_cache_dir(device: int | None = None) -> str:
@@ -74,19 +76,6 @@ def triton_cache_dir(device: int | None = None) -> str:
     except ImportError:  # before cache_dir_utils existed
         from torch._inductor.runtime.runtime_utils import triton_cache_dir as inductor_triton_cache_dir
     return inductor_triton_cache_dir(device)
-
-
-def _open_step(kernel: Any, step: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
-    exit_stack = contextlib.ExitStack()
-    exit_stack.enter_context(step())
-    _tuning.kernel, _tuning.exit, _tuning.stage, _tuning.pending = kernel, exit_stack, None, None
-
-
-def _close_step() -> None:
-    exit_stack = getattr(_tuning, "exit", None)
-    _tuning.kernel = _tuning.exit = _tuning.stage = _tuning.pending = None
-    if exit_stack is not None:
-        exit_stack.close()
 
 
 def _published_config(kernel: Any) -> Any:
@@ -148,144 +137,214 @@ def adopt_config(kernel: Any, config: Any) -> Any:
 
 @contextlib.contextmanager
 def triton_tuning_hooks(step: Callable[[], contextlib.AbstractContextManager[None]]) -> Iterator[None]:
-    """Run each Triton kernel's first-launch tuning as a tuning step of the session, for the duration.
+    """Run each Triton kernel's first-launch tuning as a tuning step, for the duration
+    (:class:`TritonTuningHooks`)."""
+    global _installed
+    hooks = TritonTuningHooks(step)
+    previous, _installed = _installed, hooks
+    try:
+        with hooks.installed():
+            yield
+    finally:
+        _installed = previous
+
+
+class TritonTuningHooks:
+    """Each Triton kernel's first-launch tuning run as one tuning step of the session.
 
     A kernel with several configs searches them (``CachingAutotuner.autotune_to_one_config``)
     and, where coordinate descent is on, then descends from the winner
     (``coordinate_descent_tuning``); both run in ``CachingAutotuner.run`` at the first
-    launch. The step (``step()``, :meth:`Session.tuning_step`) opens before the search (or
-    before the descent, for a kernel with one config) and closes after the last of them.
-    At its start the kernel's autotune key is looked up: a config another rank published
-    is adopted (:func:`adopt_config`) instead of tuning; while another rank tunes the
-    kernel, this rank waits for it; otherwise it claims the key, tunes, and its save
-    publishes (held until the descent ends: :func:`defer_autotune_save`). Every rank that
-    runs the kernel thus runs the same config, tuned once.
+    launch. The step (``step()``, :meth:`coordinator.tuning_steps.TuningSteps.step`) opens
+    before the search (or before the descent, for a kernel with one config) and closes
+    after the last of them. At its start the kernel's autotune key is looked up: a config
+    another rank published is adopted (:func:`adopt_config`) instead of tuning; while
+    another rank tunes the kernel, this rank waits for it; otherwise it claims the key,
+    tunes, and its save publishes (held until the descent ends: :meth:`defer_save`).
+    Every rank that runs the kernel thus runs the same config, tuned once.
 
-    Also wraps ``restore_after_unpickle`` to route the autotune cache of kernels compiled in
-    compile workers, and of static autotuners from FX entries as they are rechecked
-    (:func:`route_autotune_cache`), and shares the config of a worker kernel that found it in
-    this rank's own cache under the key its loaders look up (:func:`share_config_kept_from_cache`).
-    On torch < 2.12 also fixes how Inductor restores a config that coordinate descent chose
-    (pytorch/pytorch#172819): :func:`_read_best_fixed` and :func:`_recheck_autotune_cache_fixed`.
+    Also wraps ``restore_after_unpickle`` to route the autotune cache of kernels compiled
+    in compile workers, and of static autotuners from FX entries as they are rechecked
+    (:func:`route_autotune_cache`), and shares the config of a worker kernel that found it
+    in this rank's own cache under the key its loaders look up
+    (:func:`share_config_kept_from_cache`). On torch < 2.12 also fixes how Inductor
+    restores a config that coordinate descent chose (pytorch/pytorch#172819):
+    :func:`_read_best_fixed` and :func:`_recheck_autotune_cache_fixed`.
     """
-    from torch._inductor.runtime import triton_heuristics as th
 
-    autotuner = th.CachingAutotuner
-    originals = {name: autotuner.__dict__[name] for name in
-                 ("autotune_to_one_config", "coordinate_descent_tuning", "recheck_autotune_cache")}
-    has_restore = "restore_after_unpickle" in autotuner.__dict__
-    if has_restore:
-        originals["restore_after_unpickle"] = autotuner.__dict__["restore_after_unpickle"]
+    _PATCHED = ("autotune_to_one_config", "coordinate_descent_tuning", "recheck_autotune_cache",
+                "restore_after_unpickle")
 
-    def restore_after_unpickle(self: Any, old_values: Any) -> None:
-        originals["restore_after_unpickle"](self, old_values)
+    def __init__(self, step: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
+        self._step = step
+        #: The step open on each thread: the kernel (``kernel``), its exit (``exit``), the
+        #: stage (``stage``: "search" while a save must wait for the descent, "descent")
+        #: and a held save (``pending``).
+        self._thread = threading.local()
+        self._originals: dict[str, Any] = {}
+
+    def defer_save(self, publish: Callable[[dict[str, bytes]], None]) -> bool:
+        """Hold an autotune entry Inductor is saving until its kernel's coordinate descent ends.
+
+        Triton kernels tuned at their first launch save a best config after the config
+        search and, when coordinate descent is on for the kernel, again when the descent
+        has refined it. Sharing the first would give other ranks a different config than
+        this rank runs (or, on torch < 2.12, have them run the descent themselves). While
+        a kernel whose ``inductor_meta`` turns coordinate descent on searches configs or
+        descends, ``publish`` is kept (a later save of the same kernel replaces it) and
+        called when the descent returns, with the Triton cache entry of the config it
+        chose (compiled during the descent, so not in the FX entry).
+
+        Returns:
+            True if held; False if the caller should publish now.
+        """
+        if getattr(self._thread, "stage", None) is None:
+            return False
+        self._thread.pending = publish
+        return True
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Patch ``CachingAutotuner`` (and, before 2.12, ``AutotuneCache.read_best``)."""
+        from torch._inductor.runtime import triton_heuristics as th
+        from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+        autotuner = th.CachingAutotuner
+        self._originals = {name: autotuner.__dict__[name] for name in self._PATCHED if name in autotuner.__dict__}
+        original_read_best = AutotuneCache.__dict__["read_best"]
+        for name in self._originals:
+            setattr(autotuner, name, self._patched(name))
+        if _torch_before(2, 12):  # pytorch#172819 is fixed from 2.12
+            AutotuneCache.read_best = _read_best_fixed
+        try:
+            yield
+        finally:
+            for name, original in self._originals.items():
+                setattr(autotuner, name, original)
+            AutotuneCache.read_best = original_read_best
+            self._close_step()
+
+    def _patched(self, name: str) -> Callable[..., Any]:
+        method = getattr(self, "_" + name)
+
+        def patched(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+            return method(kernel, *args, **kwargs)
+
+        return patched
+
+    def _open_step(self, kernel: Any) -> None:
+        exit_stack = contextlib.ExitStack()
+        exit_stack.enter_context(self._step())
+        state = self._thread
+        state.kernel, state.exit, state.stage, state.pending = kernel, exit_stack, None, None
+
+    def _close_step(self) -> None:
+        state = self._thread
+        exit_stack = getattr(state, "exit", None)
+        state.kernel = state.exit = state.stage = state.pending = None
+        if exit_stack is not None:
+            exit_stack.close()
+
+    def _restore_after_unpickle(self, kernel: Any, old_values: Any) -> None:
+        self._originals["restore_after_unpickle"](kernel, old_values)
         if old_values is None:  # a kernel compiled in a compile worker, arriving in this process
-            route_autotune_cache(self)
-            share_config_kept_from_cache(self)
+            route_autotune_cache(kernel)
+            share_config_kept_from_cache(kernel)
 
-    def descends(self: Any) -> bool:  # run() calls coordinate_descent_tuning next
-        launchers = getattr(self, "launchers", None) or [None]
-        return bool(self.inductor_meta.get("coordinate_descent_tuning")) and not getattr(
+    @staticmethod
+    def _descends(kernel: Any) -> bool:  # run() calls coordinate_descent_tuning next
+        launchers = getattr(kernel, "launchers", None) or [None]
+        return bool(kernel.inductor_meta.get("coordinate_descent_tuning")) and not getattr(
             getattr(launchers[0], "config", None), "found_by_coordesc", False)
 
-    def autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _open_step(self, step)
+    def _autotune_to_one_config(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
+        state = self._thread
+        self._open_step(kernel)
         try:
-            config = _published_config(self)
-            if config is not None and adopt_config(self, config) is not None:
-                log.debug("adopted the published config of %s: %s", self.inductor_meta.get("kernel_name"), config)
+            config = _published_config(kernel)
+            if config is not None and adopt_config(kernel, config) is not None:
+                log.debug("adopted the published config of %s: %s", kernel.inductor_meta.get("kernel_name"), config)
                 result = None
             else:
-                if self.inductor_meta.get("coordinate_descent_tuning"):
-                    _tuning.stage = "search"  # the descent refines it next: hold the save
-                result = originals["autotune_to_one_config"](self, *args, **kwargs)
+                if kernel.inductor_meta.get("coordinate_descent_tuning"):
+                    state.stage = "search"  # the descent refines it next: hold the save
+                result = self._originals["autotune_to_one_config"](kernel, *args, **kwargs)
         except BaseException:
-            _close_step()
+            self._close_step()
             raise
-        if descends(self):  # the step goes on into the descent, which publishes
-            _tuning.stage = None
+        if self._descends(kernel):  # the step goes on into the descent, which publishes
+            state.stage = None
         else:
-            held, _tuning.stage = _tuning.pending, None
+            held, state.stage = state.pending, None
             try:
                 if held is not None:  # published before the step releases its claim
                     held({})
             finally:
-                _close_step()
+                self._close_step()
         return result
 
-    def coordinate_descent_tuning(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(self, "_coordinator_descended", False):  # declined before: run() asks at every launch
-            return originals["coordinate_descent_tuning"](self, launcher, *args, **kwargs)
-        if getattr(_tuning, "kernel", None) is not self:  # one config: no search opened the step
-            _open_step(self, step)
-            config = _published_config(self)
+    def _coordinate_descent_tuning(self, kernel: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+        original, state = self._originals["coordinate_descent_tuning"], self._thread
+        if getattr(kernel, "_coordinator_descended", False):  # declined before: run() asks at every launch
+            return original(kernel, launcher, *args, **kwargs)
+        if getattr(state, "kernel", None) is not kernel:  # one config: no search opened the step
+            self._open_step(kernel)
+            config = _published_config(kernel)
             if config is not None and getattr(config, "found_by_coordesc", False):
-                adopted = adopt_config(self, config)
+                adopted = adopt_config(kernel, config)
                 if adopted is not None:
-                    self._coordinator_descended = True
-                    _close_step()
+                    kernel._coordinator_descended = True
+                    self._close_step()
                     return adopted
-        held_from_search, _tuning.stage, _tuning.pending = getattr(_tuning, "pending", None), "descent", None
+        held_from_search, state.stage, state.pending = getattr(state, "pending", None), "descent", None
         try:
-            winner = originals["coordinate_descent_tuning"](self, launcher, *args, **kwargs)
-            descended = _tuning.pending
-            _tuning.stage = _tuning.pending = None
+            winner = original(kernel, launcher, *args, **kwargs)
+            descended = state.pending
+            state.stage = state.pending = None
             log.debug("coordinate descent for %s: %s -> %s; saved %s, held from the search %s",
-                      self.inductor_meta.get("kernel_name"), getattr(launcher, "config", None),
+                      kernel.inductor_meta.get("kernel_name"), getattr(launcher, "config", None),
                       getattr(winner, "config", None), descended is not None, held_from_search is not None)
-            self._coordinator_descended = True
-            try:  # the coordinator never fails a kernel launch
-                if descended is not None:
-                    files: dict[str, bytes] = {}
-                    kernel_hash = getattr(winner, "cache_hash", None)
-                    if kernel_hash:
-                        from coordinator.artifacts import read_triton_kernel
-
-                        device = self.triton_meta.get("device", 0)
-                        files = read_triton_kernel(os.path.join(triton_cache_dir(device), kernel_hash))
-                    descended(files)
-                elif held_from_search is not None:  # this kernel does not descend: the search's result stands
-                    held_from_search({})
-            except Exception:
-                log.warning("compile_once: publishing the tuned config of %s failed",
-                            self.inductor_meta.get("kernel_name"), exc_info=True)
+            kernel._coordinator_descended = True
+            _publish_descent(kernel, winner, descended, held_from_search)
             return winner
         finally:
-            _close_step()
+            self._close_step()
 
-    backport = _torch_before(2, 12)  # pytorch#172819 is fixed from 2.12
-    recheck = _recheck_autotune_cache_fixed if backport else originals["recheck_autotune_cache"]
-
-    def recheck_autotune_cache(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def _recheck_autotune_cache(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
         # A static autotuner from an FX entry names the kernel file of the process that
         # compiled it; Inductor derives the kernel's local autotune file from that path.
         # On one host with per-rank cache dirs, this rank would read the compiling
         # rank's file, mid-tuning (before coordinate descent). Point it at our own copy.
-        if getattr(self, "filename", None):
-            self.filename = os.path.join(inductor_cache_dir(), *os.path.normpath(self.filename).split(os.sep)[-2:])
+        if getattr(kernel, "filename", None):
+            kernel.filename = os.path.join(inductor_cache_dir(), *os.path.normpath(kernel.filename).split(os.sep)[-2:])
         # The recheck looks the config up through a cache of its own, but the kernel saves
         # through the one pickled into the FX entry: route that one too, or this rank's
         # tuned config would never reach the store.
-        route_autotune_cache(self)
-        return recheck(self, *args, **kwargs)
+        route_autotune_cache(kernel)
+        if _torch_before(2, 12):
+            return _recheck_autotune_cache_fixed(kernel, *args, **kwargs)
+        return self._originals["recheck_autotune_cache"](kernel, *args, **kwargs)
 
-    from torch._inductor.runtime.autotune_cache import AutotuneCache
 
-    original_read_best = AutotuneCache.__dict__["read_best"]
-    autotuner.autotune_to_one_config = autotune_to_one_config
-    autotuner.coordinate_descent_tuning = coordinate_descent_tuning
-    autotuner.recheck_autotune_cache = recheck_autotune_cache
-    if has_restore:
-        autotuner.restore_after_unpickle = restore_after_unpickle
-    if backport:
-        AutotuneCache.read_best = _read_best_fixed
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(autotuner, name, original)
-        AutotuneCache.read_best = original_read_best
-        _close_step()
+def _publish_descent(kernel: Any, winner: Any, descended: Callable[[dict[str, bytes]], None] | None,
+                     held_from_search: Callable[[dict[str, bytes]], None] | None) -> None:
+    """Publish what a descent chose, with the Triton cache entry of its winner (compiled
+    during the descent), or the search's held result for a kernel that did not descend."""
+    try:  # the coordinator never fails a kernel launch
+        if descended is not None:
+            files: dict[str, bytes] = {}
+            kernel_hash = getattr(winner, "cache_hash", None)
+            if kernel_hash:
+                from coordinator.artifacts import read_triton_kernel
+
+                device = kernel.triton_meta.get("device", 0)
+                files = read_triton_kernel(os.path.join(triton_cache_dir(device), kernel_hash))
+            descended(files)
+        elif held_from_search is not None:  # this kernel does not descend: the search's result stands
+            held_from_search({})
+    except Exception:
+        log.warning("compile_once: publishing the tuned config of %s failed",
+                    kernel.inductor_meta.get("kernel_name"), exc_info=True)
 
 
 def kernel_autotune_cache(autotuner: Any) -> Any:
@@ -382,12 +441,8 @@ def share_config_kept_from_cache(autotuner: Any) -> None:
         if alias.remote_cache is None:
             return
         remote, key = alias.remote_cache
-        held = getattr(_tuning, "stage", None), getattr(_tuning, "pending", None)
-        _tuning.stage = None  # published now, never held as a tuning step's result
-        try:
+        with _saves_published_now():  # never held as a tuning step's result
             remote.put(key, {**cached, "configs_hash": kept_hash})
-        finally:
-            _tuning.stage, _tuning.pending = held
         log.debug("shared the cached config of %s for its one-config list too", meta.get("kernel_name"))
     except Exception:
         log.warning("compile_once: could not share the cached config of %s",

@@ -1,6 +1,6 @@
-"""Split autotuning: time until every rank finishes step 1 in max-autotune, against one stock rank.
+"""Max-autotune: time until every rank finishes step 1, against one stock rank.
 
-    python benchmarks/split_autotune.py --label gpu1-split --gpus 1 --rows stock:1 ours:2 ours:4 \\
+    python benchmarks/max_autotune.py --label gpu1-mac --gpus 1 --rows stock:1 ours:2 ours:4 \\
         -- --dim 512 --seq 256 --layers 4 --mode max-autotune-no-cudagraphs
 
 Rows (``kind:N``, run once each, in the order given; one invocation is one device call):
@@ -8,9 +8,8 @@ Rows (``kind:N``, run once each, in the order given; one invocation is one devic
 * ``stock:N``: N ranks compiling alone, no coordinator (``stock:1`` is the reference every
   ratio divides by: one stock rank alone on the same machine, in the same invocation);
 * ``ours:N``: ``compile_once`` over the job's store with its defaults (each GEMM choice
-  compiled once, early backward compiles on, split autotuning off);
+  compiled once, early backward compiles on);
 * ``noearly:N``: ``compile_once`` with ``COORDINATOR_EARLY_BACKWARD=0``;
-* ``split:N``: ``compile_once`` with ``COORDINATOR_SPLIT_AUTOTUNE=1``;
 * ``twice:N``: ``compile_once`` with neither early backward compiles nor each choice compiled
   once (``COORDINATOR_COMPILE_CHOICES_ONCE=0``: Inductor's own precompile);
 * ``upstream:N``: no coordinator, every rank compiling with Inductor's
@@ -44,7 +43,6 @@ KINDS = {  # kind -> (cold_start_job method, extra environment)
     "stock": ("alone", {}),
     "ours": ("compile-once", {}),
     "noearly": ("compile-once", {"COORDINATOR_EARLY_BACKWARD": "0"}),
-    "split": ("compile-once", {"COORDINATOR_SPLIT_AUTOTUNE": "1"}),
     "twice": ("compile-once", {"COORDINATOR_COMPILE_CHOICES_ONCE": "0", "COORDINATOR_EARLY_BACKWARD": "0"}),
     "upstream": ("alone", {"TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM": "1"}),
 }
@@ -55,19 +53,12 @@ RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 def summarize(row: str, run: dict, reference_s: float | None) -> dict:
     ranks = run["ranks"]
-    split = [r["stats"].get("split_autotune") or {} for r in ranks]
-    selecting = [s for s in split if s.get("selections")]
     return {
         "row": row,
         "all_done_s": round(run["all_done_s"], 2),
         "ratio": round(run["all_done_s"] / reference_s, 3) if reference_s else None,
         "fx_compiles": sum(r["fx_misses"] for r in ranks),
         "triton_compiles": sum(r["triton_compiles"] for r in ranks),
-        "items_here": [s.get("items_run_here", 0) for s in split],
-        "items_for_others": [s.get("items_run_for_others", 0) for s in split],
-        "selections": sum(s.get("selections", 0) for s in selecting),
-        "blocked_s_per_selection": round(sum(s["blocked_s"] for s in selecting)
-                                         / max(1, sum(s["selections"] for s in selecting)), 3),
         "follower_bytes": max((r["stats"].get("bytes_received", 0) for r in ranks if r["stats"]), default=0),
         "graphs_per_rank": [r["fx_misses"] for r in ranks],
         "early_backward": [(r["stats"].get("early_backward") or {}).get("compiled", 0) for r in ranks],
@@ -100,7 +91,7 @@ def main() -> None:
     reference_s = None
     reference_is_bound = False  # stock:1 was killed at its deadline: it took longer
     ours_one_s = None  # ours:1 in the same invocation: the ratio the N-rank rows are judged by
-    raw = {"command": "python benchmarks/split_autotune.py " + " ".join(sys.argv[1:]), "runs": [], "skipped": []}
+    raw = {"command": "python benchmarks/max_autotune.py " + " ".join(sys.argv[1:]), "runs": [], "skipped": []}
     if args.results_dir:
         global RESULTS_DIR
         RESULTS_DIR = Path(args.results_dir)

@@ -1,0 +1,66 @@
+"""FX graphs a rank finds in its own local cache, shared with the ranks that lack them.
+
+A rank whose own local cache already holds an FX graph never asks the store for it
+(Inductor reads its local cache first). Without more, such a warm rank (a restarted
+job, a reused node) leaves cold ranks compiling and reaches the first collective
+alone, where the collective's timeout can end the job. So when Inductor serves a graph
+from the local cache (``_compat.fx_graph_lookups`` reports it, with
+``share_local_hits`` on), :func:`share_local_hit` makes sure the store gets it:
+
+* the store has it: nothing to do;
+* no rank has it: claim it and publish the local copy (with its CPU kernels), so that
+  cold ranks load instead of compiling;
+* another rank is compiling it: wait on the store until it publishes (or gives up, or
+  its lease or the deadline ends), so that this rank does not reach the first
+  collective while that rank still compiles.
+
+The wait is a singleflight wait like any other (``Singleflight.offer``): on a key whose
+owner finishes it inside a compile, with no collective.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from coordinator.session import Session
+
+log = logging.getLogger(__name__)
+
+
+def share_local_hit(session: Session, inductor_key: str, remote_value: Callable[[], bytes | None],
+                    kernel_paths: list[str]) -> None:
+    """Inductor served FX graph ``inductor_key``; if from this rank's local cache, share it.
+
+    ``remote_value`` builds the entry as Inductor would publish it (``None``: several
+    guarded entries are local and which one hit is unknown); ``kernel_paths`` are the C++
+    kernels the graph loaded.
+    """
+    if session.asked_store(inductor_key):  # a remote hit (or a rank-dependent graph): nothing to share
+        return
+    flight = session.flight()
+    if flight is None:
+        return
+    key = session.store_key("fx_graph", inductor_key)
+    result = flight.offer(key)
+    session.stats.record_lookup(result)
+    if result.outcome != "claimed":
+        if result.waited_s >= 1.0:
+            log.info("compile_once: FX graph %s is in this rank's local cache, but another rank was compiling "
+                     "it; waited %.1fs on the store for it (%s), not in a collective",
+                     key, result.waited_s, result.outcome)
+        return
+    try:
+        value = remote_value()
+        if value is None:
+            flight.abandon(key)
+            return
+        files = session.kernels.read(kernel_paths) if session.config.ship_cpu_kernels else {}
+        session.publish(flight, "fx_graph", key, value, files)
+    except BaseException:
+        flight.abandon(key)
+        raise
+    session.stats.record_shared_from_local()
+    log.info("compile_once: shared FX graph %s from this rank's local cache (%d kernel files)", key, len(files))

@@ -1,0 +1,74 @@
+"""Graphs whose code depends on the rank are never shared.
+
+Inductor passes can bake the rank into a graph after its cache key is computed
+(bucketed all-gathers slice each rank's shard at a rank-dependent offset), so every
+rank looks the graph up under the same key. While this rank compiles a graph it
+missed, reads of the rank by code other than torch.distributed's are recorded
+(``_compat.rank_reads``); a graph compiled with any is published as a *rank-dependent
+mark* instead of its entry, kept out of Inductor's local cache, and every rank that
+looks it up compiles its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+log = logging.getLogger(__name__)
+
+
+class RankDependence:
+    """The FX graphs this process compiles, the rank reads seen while it does, and the
+    store keys known to depend on the rank."""
+
+    def __init__(self) -> None:
+        #: FX graphs this thread is compiling (store key -> (Inductor's key, rank reads since its miss)).
+        self._compiling = threading.local()
+        #: Store keys of graphs whose code depends on the rank: never published, never loaded.
+        self.marked: set[str] = set()
+
+    def _graphs(self) -> dict[str, tuple[str, list[str]]]:
+        graphs = getattr(self._compiling, "graphs", None)
+        if graphs is None:
+            graphs = self._compiling.graphs = {}
+        return graphs
+
+    def compiling(self, key: str, inductor_key: str) -> None:
+        """This thread missed FX graph ``key`` and compiles it now."""
+        self._graphs()[key] = (inductor_key, [])
+
+    def rank_read(self, where: str) -> None:
+        """Code read this process's rank: the graphs this thread compiles may depend on it."""
+        for _, reads in self._graphs().values():
+            if where not in reads:
+                reads.append(where)
+
+    def keep_locally(self, local_key: str) -> bool:
+        """Whether Inductor may write the FX graph of ``local_key`` (its own key, which the
+        backend's key contains) to its local cache: not one whose code read the rank, so
+        that a later job neither loads it on another rank nor shares it from there."""
+        return not any(reads and local_key in inductor_key for inductor_key, reads in self._graphs().values())
+
+    def compiled(self, key: str) -> list[str] | None:
+        """This thread's compile of ``key`` ended: the rank reads that make it rank-dependent
+        (``None``: it may be shared). A key marked already stays marked."""
+        _, reads = self._graphs().pop(key, ("", []))
+        if reads or key in self.marked:
+            return reads
+        return None
+
+    def mark(self, key: str, reads: list[str]) -> bool:
+        """Remember ``key`` as rank-dependent; returns whether it is new here."""
+        if key in self.marked:
+            return False
+        self.marked.add(key)
+        log.info("compile_once: FX graph %s read the rank while compiling (in %s): its code may differ between "
+                 "ranks, so it is not shared; every rank compiles its own", key, ", ".join(reads))
+        return True
+
+    def received_mark(self, key: str, meta: dict) -> None:
+        """Another rank published ``key``'s mark: this rank compiles its own."""
+        if key not in self.marked:
+            self.marked.add(key)
+            log.info("compile_once: FX graph %s depends on the rank (rank %s read it in %s); compiling it "
+                     "on this rank", key, meta.get("rank"), ", ".join(meta.get("reads", [])))

@@ -1,0 +1,43 @@
+"""The autotune-hold protocol, the coordinator's side: tuning steps and their claims.
+
+A Triton kernel tunes at its first launch on one thread (config search, then coordinate
+descent); ``_compat.triton_tuning_hooks`` runs that as one *tuning step*. Inside a step,
+the kernel's autotune lookup claims the key when no rank has published it and none is
+tuning it, or waits for the rank that is; the claim ends with the step, published by the
+kernel's save or abandoned. Outside a step, autotune keys are only read, so no rank holds
+an autotune claim across a collective or while it waits for a graph: a step is a leaf,
+and no wait cycle forms through it (``docs/design.md``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
+from coordinator.singleflight import Singleflight
+
+
+class TuningSteps:
+    """The tuning step open on each thread of this process, and the keys it claimed."""
+
+    def __init__(self, flight: Callable[[], Singleflight | None]) -> None:
+        self._flight = flight
+        self._thread = threading.local()
+
+    def claims(self) -> list[str] | None:
+        """The autotune keys claimed by the step open on this thread (``None``: no step)."""
+        return getattr(self._thread, "claims", None)
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """One kernel's tuning: the claims its lookups make are released when it ends."""
+        self._thread.claims = claims = []
+        try:
+            yield
+        finally:
+            self._thread.claims = None
+            flight = self._flight()
+            if claims and flight is not None:
+                for key in claims:
+                    flight.abandon(key)  # a no-op for a key the step published
