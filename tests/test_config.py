@@ -141,3 +141,28 @@ def test_compile_once_accepts_every_setting_the_readme_lists(tmp_path, monkeypat
     with pytest.raises(ConfigError, match="unknown settings \\['leese'\\]"):
         with coordinator.compile_once(leese=3):
             pass
+
+
+def test_every_cache_kind_is_complete():
+    """One record per cache kind, checked against the running torch: its Inductor class and
+    switches exist, its wait rule is known, and the settings list exactly these kinds."""
+    import dataclasses
+    import importlib
+
+    import torch._inductor.remote_cache as remote_cache
+
+    from coordinator import _compat
+    from coordinator.config import CACHE_KINDS
+
+    assert CACHE_KINDS == tuple(_compat.CACHE_KINDS) and set(DEFAULT_CACHES) <= set(CACHE_KINDS)
+    for name, kind in _compat.CACHE_KINDS.items():
+        assert kind.name == name
+        assert all(getattr(kind, field.name) is not None for field in dataclasses.fields(kind)), kind
+        assert isinstance(getattr(remote_cache, kind.inductor_class), type), kind.inductor_class
+        assert kind.switches, name
+        for module, attribute in kind.switches:
+            assert hasattr(importlib.import_module(module), attribute), (module, attribute)
+        assert kind.waits in ("always", "tuning_step", "never"), kind.waits
+        assert (name in DEFAULT_CACHES) == kind.default
+    # Only FX graphs are waited for wherever they are looked up (docs/design.md, "Waits never form a cycle").
+    assert [name for name, kind in _compat.CACHE_KINDS.items() if kind.waits == "always"] == ["fx_graph"]
