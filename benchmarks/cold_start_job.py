@@ -27,7 +27,6 @@ import argparse
 import gc
 import json
 import os
-import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -121,17 +120,14 @@ def main() -> None:
     import torch.distributed as dist
     import torch.nn as nn
 
-    sys.path.insert(0, str(ROOT / "examples"))
-    from train import GPT
-
     import coordinator
     from coordinator.stores.c10d import C10dStore
+    from coordinator.testing import GPT
 
     cuda = torch.cuda.is_available()
     triton_compiles = lambda: 0  # noqa: E731  (no Triton on CPU)
     if cuda:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from torch_counters import count_triton_compiles
+        from coordinator.testing import count_triton_compiles
 
         triton_compiles = count_triton_compiles()
         local_rank = int(os.environ.get("LOCAL_RANK", 0))

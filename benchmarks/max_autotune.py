@@ -36,7 +36,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cold_start import ROOT, JobTimedOut, fmt_bytes, machine, run_job, write_section  # noqa: E402
 
 KINDS = {  # kind -> (cold_start_job method, extra environment)

@@ -38,7 +38,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "benchmarks" / "model_suite_job.py"
-sys.path.insert(0, str(ROOT / "benchmarks"))
 from cold_start import machine, write_section  # noqa: E402
 from model_suite_job import MODELS  # noqa: E402
 

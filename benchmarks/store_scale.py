@@ -59,9 +59,7 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-from servers import free_port, redis_server_binary  # noqa: E402
+from coordinator.testing import free_port, redis_server_binary  # noqa: E402
 
 
 def raise_fd_limit() -> None:
@@ -492,7 +490,6 @@ def render(path: Path, label: str, out: Path) -> None:
         plot(rows, ROOT / "benchmarks" / f"{label.replace('-', '_')}.png")
     section = markdown(rows, saved["commands"], saved["machine"], label)
     print(section)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from cold_start import write_section
 
     write_section(out, label, section)

@@ -13,7 +13,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from servers import free_port, redis_server_binary  # shared with the benchmarks
+
+from coordinator.testing import free_port, redis_server_binary
 
 WORKER = Path(__file__).with_name("worker.py")
 

@@ -10,19 +10,17 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
-from servers import open_test_store
 
 from coordinator.singleflight import Owner, Singleflight
 from coordinator.stores.base import TimedStore
+from coordinator.testing import open_test_store
 
-CLAIMANT = f"""
+CLAIMANT = """
 import sys, time, json
 from datetime import timedelta
-sys.path.insert(0, {str(Path(__file__).parent)!r})
-from servers import open_test_store
+from coordinator.testing import open_test_store
 from coordinator.singleflight import Owner, Singleflight
 spec = json.loads(sys.argv[1])
 f = Singleflight(open_test_store(spec["store"]), owner=Owner.this_process(9), lease=timedelta(seconds=spec["lease"]),

@@ -64,9 +64,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch._inductor.custom_graph_pass import CustomGraphPass
-from torch_counters import inductor_counters
 
 import coordinator
+from coordinator.testing import inductor_counters
 
 
 def count_cpp_builds() -> dict[str, int]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,13 +27,9 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # so Triton compile
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(ROOT / "tests"))
-from torch_counters import count_triton_compiles  # noqa: E402
-from train import GPT  # noqa: E402
-
 import coordinator  # noqa: E402
 from coordinator.bundle import broadcast_bytes, build_bundle, read_bundle  # noqa: E402
+from coordinator.testing import GPT, count_triton_compiles  # noqa: E402
 
 triton_compiles = count_triton_compiles()
 

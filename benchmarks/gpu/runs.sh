@@ -17,9 +17,6 @@
 #                                            # $ROWS (a: one rank alone; d: compile_once) with each rank sampling its own
 #                                            # process (py-spy; carry its wheel: see below); then ROWS=d in the next call and
 #                                            # here: profile_summary.py A.json D.json --profiles DIR (the samples, untarred)
-#   bash benchmarks/gpu/runs.sh compile-speed  # one GPU, ~2.5 minutes: does a process under compile_once (hooks,
-#                                            # heartbeat, 457 MB in its store) compile Triton kernels slower? (states
-#                                            # in a balanced order)
 #   bash benchmarks/gpu/runs.sh recompile-probe  # one GPU, about a minute: does max-autotune compile each GEMM
 #                                            # template choice twice (precompile, then benchmark)? under which keys
 #   bash benchmarks/gpu/runs.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
@@ -54,7 +51,7 @@ SMALL="--dim 512 --seq 256 --layers 4"
 LARGE="--dim 768 --seq 512 --layers 12"
 REFS=${REFS-benchmarks/results/gpu-small-default-references.json}
 
-case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | compile-speed | recompile-probe | mac | repeated}" in
+case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | recompile-probe | mac | repeated}" in
   timeout)
     for flag in "" --coordinator; do
       timeout 150 python3 benchmarks/timeout_scenario.py --timeout 10 $SMALL --cold-extra-s 8 $flag \
@@ -130,10 +127,6 @@ PY
     ;;
   recompile-probe)
     timeout "$(left)" python3 benchmarks/tools/recompile_probe.py --out "$OUT/recompile-probe.json" 2>&1 | tee "$OUT/recompile-probe.log"
-    ;;
-  compile-speed)
-    timeout "$(left)" python3 benchmarks/tools/triton_compile_speed.py --kernels 20 --rounds 4 --balanced \
-      --out "$OUT/triton-compile-speed-balanced.json" 2>&1 | tee "$OUT/triton-compile-speed-balanced.log"
     ;;
   profile8)
     label=${LABEL:-gpu-small-n8-profile}

@@ -27,7 +27,6 @@ import contextlib
 import hashlib
 import json
 import os
-import sys
 import threading
 import time
 import traceback
@@ -116,7 +115,6 @@ def run(args: argparse.Namespace) -> dict:
     install()
     once = contextlib.nullcontext()
     if args.compile_choices_once:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
         from coordinator import _compat
 
         once = _compat.precompile_choices_in_process()

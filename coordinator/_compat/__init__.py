@@ -72,6 +72,8 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``ddp_optimizer_ctx``, ``ShapeEnv.deserialize_symexpr``. Read from the sources of
   2.11.0, 2.13.0 and 2.14.1; the tests (``tests/test_split_graphs.py``) ran on all three
   on CPU; on 2.11.0 on an H100 (the restart benchmark, the GPU tier).
+* ``counters``: for the tests and benchmarks only (``coordinator.testing``): cubins Triton
+  compiles (``FileCacheManager.put``) and Inductor's counters (``torch._dynamo.utils.counters``).
 * ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
 """
@@ -90,6 +92,7 @@ from coordinator._compat.caches import (
     routable_kinds,
     routed_remote_caches,
 )
+from coordinator._compat.counters import count_triton_compiles, inductor_counters
 from coordinator._compat.distributed import default_c10d_store, extend_nccl_timeouts, has_nccl_process_group
 from coordinator._compat.fx_graph import (
     bundles_of_final_kernels,
@@ -137,6 +140,7 @@ __all__ = [
     "cached_split_graphs",
     "collective_switches_off",
     "compile_workers_without_redis",
+    "count_triton_compiles",
     "cpu_kernels_resolved",
     "default_c10d_store",
     "default_cache_dir",
@@ -148,6 +152,7 @@ __all__ = [
     "fx_graph_remote_value",
     "has_nccl_process_group",
     "inductor_cache_dir",
+    "inductor_counters",
     "kernel_autotune_cache",
     "on_compile_end",
     "process_compile_seconds",

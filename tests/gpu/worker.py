@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,12 +34,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(ROOT / "tests"))
-from torch_counters import count_triton_compiles  # noqa: E402
-from train import GPT  # noqa: E402
-
 import coordinator  # noqa: E402
+from coordinator.testing import GPT, count_triton_compiles  # noqa: E402
 
 triton_compiles = count_triton_compiles()
 

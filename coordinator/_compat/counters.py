@@ -1,4 +1,6 @@
-"""Counters the tests and benchmarks read: Triton compiles and Inductor's own counters."""
+"""Counters the tests and benchmarks read (``coordinator.testing``): Triton compiles
+(``triton.runtime.cache.FileCacheManager.put``) and Inductor's own counters
+(``torch._dynamo.utils.counters``). Not used by the coordinator itself."""
 
 from __future__ import annotations
 
