@@ -227,10 +227,11 @@ class Session:
             if self.ranks.mark(key, reads):  # ranks waiting on it, and every later lookup, compile their own
                 self.publish(flight, kind, key, b"", {}, extra_meta={"rank_dependent": True, "reads": reads})
             return
+        files: dict[str, bytes] = {}
         if _compat.CACHE_KINDS[kind].ships_kernels and self.config.ship_cpu_kernels:
             files = self.kernels.built_for(key, flight.claim_started(key))
         else:
-            files, _ = {}, self.kernels.forget(key)
+            self.kernels.forget(key)
         self.publish(flight, kind, key, data, files)
 
     def publish(self, flight: Singleflight, kind: str, key: str, data: bytes, files: dict[str, bytes],

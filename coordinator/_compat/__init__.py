@@ -72,7 +72,8 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``ddp_optimizer_ctx``, ``ShapeEnv.deserialize_symexpr``. Read from the sources of
   2.11.0, 2.13.0 and 2.14.1; the tests (``tests/test_split_graphs.py``) ran on all three
   on CPU; on 2.11.0 on an H100 (the restart benchmark, the GPU tier).
-* ``counters``: for the tests and benchmarks only (``coordinator.testing``): cubins Triton
+* ``counters``: for the tests and benchmarks only (``coordinator.testing``; ran on 2.13.0 and
+  2.14.1 in the CPU suite, on 2.11.0 in the GPU tier on an H100 and an H200): cubins Triton
   compiles (``FileCacheManager.put``) and Inductor's counters (``torch._dynamo.utils.counters``).
 * ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
