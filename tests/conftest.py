@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,6 +20,31 @@ import pytest
 from coordinator.testing import free_port, redis_server_binary
 
 WORKER = Path(__file__).with_name("worker.py")
+
+#: Inductor's precompiled C++ header (torch's headers, about 6 s of g++ on a CPU) is kept per
+#: machine, content-hashed, in ``<TMPDIR>/torchinductor_<user>/precompiled_headers``. Each rank
+#: here has a temp dir of its own, as on separate nodes, and would build it again (even a rank
+#: that only loads kernels); they share this one, as the ranks of one machine do.
+SHARED_PRECOMPILED_HEADERS = Path(tempfile.gettempdir()) / f"coordinator-tests-precompiled-headers-{os.getuid()}"
+
+#: Inductor's CPU-feature probes (per cache dir: a g++ build and a Python subprocess that
+#: loads it, per vector ISA, about 8 s of each cold process here) are skipped: every process
+#: picks the ISA from the CPU's flags, the one the probes pick on the machines the suite runs
+#: on. Tests that check that a rank runs no compiler at all set it back (``WITH_PROBES``).
+SKIP_ISA_PROBES = {"TORCHINDUCTOR_VEC_ISA_OK": "1"}
+WITH_PROBES = {"TORCHINDUCTOR_VEC_ISA_OK": ""}
+
+
+def machine_env(tmpdir: Path) -> dict[str, str]:
+    """The environment of a test process with ``TMPDIR=tmpdir``: its precompiled-header dir
+    points at the one all the tests' processes share, and the ISA probes are skipped."""
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    link = tmpdir / f"torchinductor_{user}" / "precompiled_headers"
+    SHARED_PRECOMPILED_HEADERS.mkdir(exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.exists():
+        link.symlink_to(SHARED_PRECOMPILED_HEADERS, target_is_directory=True)
+    return {"TMPDIR": str(tmpdir), **SKIP_ISA_PROBES}
 
 
 class RedisServer:
@@ -101,7 +129,7 @@ def run_job(workdir: Path, world_size: int, options: dict, *, env: dict | None =
             os.environ,
             RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-            TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TMPDIR=str(rankdir / "tmp"),
+            TORCHINDUCTOR_CACHE_DIR=str(cache_dir), **machine_env(rankdir / "tmp"),
             TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONUNBUFFERED="1",
         )
         rank_env.update(env or {})

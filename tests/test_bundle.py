@@ -7,14 +7,16 @@ import os
 import msgpack
 import pytest
 import torch
-from conftest import require_success
+from conftest import WITH_PROBES, require_success
 
 import coordinator
 from coordinator import EnvironmentMismatch, IntegrityError
 from coordinator.bundle import build_bundle, bundle_key, read_bundle
 
 UNIQUE_GRAPHS = 2
-NO_PCH = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
+# A restored rank runs no compiler at all: no precompiled header, no ISA probe (the bundle
+# carries the probes' builds).
+NO_PCH = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0", **WITH_PROBES}
 
 
 def assert_loaded_everything(r):

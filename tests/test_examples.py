@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import machine_env
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -22,7 +23,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
     ],
 )
 def test_example_compiles_each_graph_once(tmp_path, script, args):
-    env = dict(os.environ, TMPDIR=str(tmp_path))
+    env = dict(os.environ, **machine_env(tmp_path))
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import machine_env
 from torch.distributed.run import get_args_parser
 
 from coordinator.launcher import one_gpu_per_worker, split_args, worker_environment, workers_per_node
@@ -84,7 +85,7 @@ def test_virtual_local_rank_only_when_every_worker_has_a_gpu():
 
 
 def run(launcher: list[str], args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, TMPDIR=str(tmp_path), TORCHINDUCTOR_COMPILE_THREADS="1", **(env or {}))
+    full_env = dict(os.environ, **machine_env(tmp_path), TORCHINDUCTOR_COMPILE_THREADS="1", **(env or {}))
     return subprocess.run([sys.executable, "-m", *launcher, *args], env=full_env, capture_output=True, text=True,
                           timeout=240)
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import machine_env
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "benchmarks" / "model_suite_job.py"
@@ -25,7 +26,7 @@ JOB = ROOT / "benchmarks" / "model_suite_job.py"
 @pytest.mark.parametrize("model", ["llama", "bert", "convnext", "qwen-fsdp", "llama-dynamic"])
 def test_every_graph_is_compiled_once_across_ranks(model, tmp_path):
     out = tmp_path / "result.json"
-    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, **machine_env(tmp_path), PYTHONPATH=str(ROOT))
     done = subprocess.run(
         [sys.executable, "-m", "coordinator.launcher", "--standalone", "--nproc-per-node", "2", str(JOB),
          "--model", model, "--size", "tiny", "--steps", "2", "--cache-per-rank", "--json", str(out)],
