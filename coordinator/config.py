@@ -24,6 +24,7 @@ compile_choices_once         COORDINATOR_COMPILE_CHOICES_ONCE    true
 signalled_waits              COORDINATOR_SIGNALLED_WAITS         true
 early_backward               COORDINATOR_EARLY_BACKWARD          true
 cache_ddp_graphs             COORDINATOR_CACHE_DDP_GRAPHS        true (where torch allows)
+trace_dir                    COORDINATOR_TRACE                   none (no trace)
 ===========================  ==================================  ==========================
 """
 
@@ -34,6 +35,7 @@ import os
 import re
 from collections.abc import Mapping
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from coordinator import _compat
@@ -59,6 +61,7 @@ _ENV = {
     "signalled_waits": "COORDINATOR_SIGNALLED_WAITS",
     "early_backward": "COORDINATOR_EARLY_BACKWARD",
     "cache_ddp_graphs": "COORDINATOR_CACHE_DDP_GRAPHS",
+    "trace_dir": "COORDINATOR_TRACE",
 }
 
 
@@ -110,6 +113,7 @@ _PARSE_ENV = {
     "signalled_waits": _flag,
     "early_backward": _flag,
     "cache_ddp_graphs": _flag,
+    "trace_dir": lambda name, raw: Path(raw),
 }
 
 
@@ -174,6 +178,10 @@ class Config:
     skips AOTAutograd for them (``_compat.cached_split_graphs``). Only on the torch
     versions it was checked on; elsewhere it stays off, with one INFO line."""
 
+    trace_dir: Path | None = None
+    """Write this rank's coordinator events (claims, compiles, waits, receives) as Chrome
+    trace JSON into this directory, for ``coordinator report`` (``coordinator.trace``)."""
+
     def __post_init__(self) -> None:
         if isinstance(self.secret, str):
             self.secret = self.secret.encode()
@@ -196,6 +204,10 @@ class Config:
             raise ConfigError(f"chunk_bytes must be at least 1024, got {self.chunk_bytes}")
         if not re.fullmatch(r"[A-Za-z0-9._-]*", self.namespace):
             raise ConfigError(f"namespace {self.namespace!r} may only hold letters, digits, '.', '_' and '-'")
+        if isinstance(self.trace_dir, str):
+            self.trace_dir = Path(self.trace_dir)
+        if self.trace_dir is not None and self.trace_dir.exists() and not self.trace_dir.is_dir():
+            raise ConfigError(f"trace_dir {str(self.trace_dir)!r} is not a directory")
         if isinstance(self.store, str):
             from coordinator.stores import check_store_url
 

@@ -39,6 +39,7 @@ from typing import Any
 from coordinator import _compat
 from coordinator.node import DeviceLock
 from coordinator.singleflight import Singleflight
+from coordinator.trace import NO_EVENTS, NoEvents
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,9 @@ class EarlyBackwardCounts:
 class EarlyBackwards:
     """The backward graphs this process knows of and has not tried to compile early."""
 
-    def __init__(self, flight: Callable[[], Singleflight | None]) -> None:
+    def __init__(self, flight: Callable[[], Singleflight | None], events: NoEvents = NO_EVENTS) -> None:
         self._flight = flight
+        self._events = events
         self._lock_for_device: DeviceLock | None = None
         self._pending: collections.deque[Any] = collections.deque()
         self._lock = threading.Lock()
@@ -124,10 +126,12 @@ class EarlyBackwards:
 
     def _compile(self, backward: Any) -> None:
         self._running.active = True
-        started = time.monotonic()
+        started, began = time.monotonic(), time.time()
+        outcome = "failed"
         try:
             with self._early_compile() as claims:
                 backward.compile()
+            outcome = "compiled" if claims else "skipped"
             if claims:
                 self.counts.compiled += 1
                 log.info("compile_once: compiled a backward graph early, while waiting (%.1fs)",
@@ -136,6 +140,7 @@ class EarlyBackwards:
                 self.counts.skipped += 1
         except Exception as exc:
             if _is_skip(exc):
+                outcome = "skipped"
                 self.counts.skipped += 1
             else:
                 self.counts.failed += 1
@@ -144,6 +149,7 @@ class EarlyBackwards:
         finally:
             self._running.active = False
             self.counts.seconds += time.monotonic() - started
+            self._events.span("early backward", began, outcome=outcome)
 
 
 def _is_skip(exc: BaseException | None) -> bool:

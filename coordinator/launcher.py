@@ -4,6 +4,7 @@
                     [--coordinator-save-bundle URL] [--coordinator-bundle-name NAME]
                     [--coordinator-secret S] [--coordinator-namespace NS]
                     [--coordinator-log-level DEBUG|INFO|WARNING|ERROR]
+                    [--coordinator-trace DIR]
                     <every torchrun flag> script.py [args]
 
 Its own options all start with ``--coordinator-`` (or come from the ``COORDINATOR_*``
@@ -24,7 +25,9 @@ codes and signal handling are torchrun's own. Before the workers start it:
   workers (node-level single fetch);
 * with ``--coordinator-restore URL``, installs the persisted bundle once for the node
   (a store it cannot reach is logged, never fatal);
-* with ``--coordinator-save-bundle URL``, has rank 0 save the job's bundle at exit.
+* with ``--coordinator-save-bundle URL``, has rank 0 save the job's bundle at exit;
+* with ``--coordinator-trace DIR``, has every worker write its coordinator events into
+  ``DIR`` (``coordinator.trace``), which ``coordinator report DIR`` merges.
 
 Each worker shows the ``coordinator`` logger's lines (its summary at exit, who it waits
 for) at ``--coordinator-log-level`` (default ``INFO``), whether or not the training
@@ -57,6 +60,7 @@ OPTIONS = {
     "--coordinator-bundle-name": "COORDINATOR_BUNDLE_NAME",
     "--coordinator-namespace": "COORDINATOR_NAMESPACE",
     "--coordinator-log-level": "COORDINATOR_LOG_LEVEL",
+    "--coordinator-trace": "COORDINATOR_TRACE",
 }
 
 
@@ -78,7 +82,7 @@ def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
                     raise SystemExit(f"coordinator-run: {name} needs a value")
                 value = argv[i + 1]
                 i += 1
-            ours[OPTIONS[name]] = value
+            ours[OPTIONS[name]] = os.path.abspath(value) if name == "--coordinator-trace" else value
         elif arg.startswith("--coordinator-"):
             raise SystemExit(f"coordinator-run: unknown option {name}; known: {', '.join(OPTIONS)}")
         else:

@@ -24,6 +24,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from coordinator.trace import short_key
+
 if TYPE_CHECKING:
     from coordinator.session import Session
 
@@ -44,6 +46,7 @@ def share_local_hit(session: Session, inductor_key: str, remote_value: Callable[
     if flight is None:
         return
     key = session.store_key("fx_graph", inductor_key)
+    session.events.instant("local hit", key=short_key(key))
     result = flight.offer(key)
     session.stats.record_lookup(result)
     if result.outcome != "claimed":

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import threading
+import time
 
 from coordinator import _compat
 from coordinator.artifacts import ShippedKernels
@@ -33,6 +34,7 @@ from coordinator.singleflight import LookupResult, Owner, Singleflight
 from coordinator.stats import Stats
 from coordinator.stores import open_store
 from coordinator.stores.base import TimedStore
+from coordinator.trace import open_events, short_key
 from coordinator.tuning_steps import TuningSteps
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,7 @@ class Session:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.stats = Stats(_current_rank())
+        self.events = open_events(config.trace_dir, lambda: self.stats.rank)
         self._flight: Singleflight | None = None
         self._open_lock = threading.Lock()
         self._told_no_store = False
@@ -86,7 +89,7 @@ class Session:
         self.kernels = ShippedKernels(_compat.inductor_cache_dir, _compat.triton_cache_dir)
         self.ranks = RankDependence()
         self.tuning = TuningSteps(lambda: self._flight)
-        self.early = EarlyBackwards(self.flight)
+        self.early = EarlyBackwards(self.flight, self.events)
         self.stats.early_backward = self.early.counts
 
     # -- store -------------------------------------------------------------------------
@@ -120,7 +123,7 @@ class Session:
         warn_if_device_indices_differ(store, self._prefix, rank)
         return Singleflight(store, owner=Owner.this_process(rank), lease=self.config.lease,
                             wait_timeout=self.config.wait_timeout, progress_interval=self.config.progress_interval,
-                            signalled_waits=self.config.signalled_waits)
+                            signalled_waits=self.config.signalled_waits, events=self.events)
 
     def store_key(self, kind: str, inductor_key: str) -> str:
         """The store key of Inductor's ``inductor_key`` of cache ``kind``."""
@@ -145,6 +148,7 @@ class Session:
         if result.outcome != "node" and result.value is not None:
             self.stats.record_store_fetch()
         if result.outcome == "claimed":
+            self.events.instant("claim", key=short_key(key))
             for claims in (step_claims, early_claims):
                 if claims is not None:
                     claims.append(key)
@@ -157,6 +161,7 @@ class Session:
             self.kernels.missed(key)
             self.ranks.compiling(key, inductor_key)
         self.stats.record_miss(kind, rejected=rejected)
+        self.events.compile_began(key)
 
     # -- the two calls Inductor makes ----------------------------------------------------
 
@@ -168,6 +173,7 @@ class Session:
         if kind == "fx_graph":
             self._asked_fx.add(inductor_key)
         key = self.store_key(kind, inductor_key)
+        began = time.time()
         result = self._lookup(flight, kind, key)
         if kind == "fx_graph" and self.early.claims() is not None and result.outcome != "claimed":
             # An early compile goes on only for a graph it claimed; one that a rank has,
@@ -182,16 +188,17 @@ class Session:
             sealed = open_sealed(key, result.value, secret=self.config.secret)
         except IntegrityError as exc:
             log.warning("compile_once: rejected %s entry %s from the store: %s; compiling locally", kind, key, exc)
+            self.events.instant("rejected", key=short_key(key), why=str(exc))
             self._missed(kind, key, inductor_key, rejected=True)
             return None
         if sealed.meta.get("rank_dependent"):
             self.ranks.received_mark(key, sealed.meta)
             self._missed(kind, key, inductor_key)
             return None
-        self._received(kind, sealed, len(result.value), from_node=result.outcome == "node")
+        self._received(kind, key, sealed, len(result.value), from_node=result.outcome == "node", began=began)
         return sealed.payload
 
-    def _received(self, kind: str, sealed, nbytes: int, *, from_node: bool) -> None:
+    def _received(self, kind: str, key: str, sealed, nbytes: int, *, from_node: bool, began: float) -> None:
         """Write a hit's kernels, extend NCCL timeouts by the compile time it saves, count it."""
         written = 0
         try:
@@ -207,6 +214,10 @@ class Session:
         else:
             extension = _compat.extend_nccl_timeouts(saved_s)
         self.stats.record_hit(kind, nbytes, saved_s, extension, written, from_node=from_node)
+        self.events.span("receive", began, key=short_key(key), bytes=nbytes, saved_s=round(saved_s, 3),
+                         kernels=written, **{"from": "node" if from_node else "store"})
+        if extension:
+            self.events.instant("timeout extension", seconds=extension)
 
     def put(self, kind: str, inductor_key: str, data: bytes) -> None:
         """Publish Inductor's freshly computed entry to the other ranks."""
@@ -214,6 +225,7 @@ class Session:
         if flight is None:
             return
         key = self.store_key(kind, inductor_key)
+        self.events.compile_ended(key)
         if kind == "autotune" and _compat.defer_autotune_save(
             lambda files: self.publish(flight, kind, key, data, files)
         ):
@@ -247,7 +259,9 @@ class Session:
             self._node.write(key, blob)  # local ranks read it from disk, not the store
         except OSError as exc:
             log.debug("could not keep %s on this node: %s", key, exc)
-        if flight.publish(key, blob):
+        published = flight.publish(key, blob)
+        self.events.instant("publish", key=short_key(key), bytes=len(blob), ok=published)
+        if published:
             self.stats.record_publish(kind, len(blob))
         else:
             self.stats.store_failed = True
@@ -262,3 +276,4 @@ class Session:
     def close(self) -> None:
         if self._flight is not None:
             self._flight.close()
+        self.events.close()

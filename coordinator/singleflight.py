@@ -81,6 +81,7 @@ import msgpack
 
 from coordinator.errors import StoreError
 from coordinator.stores.base import PollingWatch, Store
+from coordinator.trace import NO_EVENTS, WAIT_ENDINGS, NoEvents, short_key
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,14 @@ class Owner:
     @classmethod
     def this_process(cls, rank: int) -> Owner:
         return cls(rank, socket.gethostname(), os.getpid())
+
+    @classmethod
+    def of_claim(cls, record: bytes | None) -> Owner | None:
+        """The owner a claim's record names (``None``: no record)."""
+        if record is None:
+            return None
+        rank, host, pid, _ = msgpack.unpackb(record)
+        return cls(rank, host, pid)
 
     def __str__(self) -> str:
         return f"rank {self.rank} on {self.host} (pid {self.pid})"
@@ -145,8 +154,10 @@ class Singleflight:
         wait_timeout: timedelta,
         progress_interval: timedelta,
         signalled_waits: bool = True,
+        events: NoEvents = NO_EVENTS,
     ) -> None:
         self.store = store
+        self.events = events
         #: Block on the claimant's signals (heartbeats, end, moved) where the store can;
         #: False polls them.
         self.signalled_waits = signalled_waits
@@ -174,6 +185,7 @@ class Singleflight:
     def _fail(self, exc: StoreError) -> None:
         if self._broken is None:
             self._broken = str(exc)
+            self.events.instant("store lost", error=str(exc))
             log.warning("coordinator store %s failed, compiling locally from now on: %s", self.store.name, exc)
 
     def claim_started(self, key: str) -> float | None:
@@ -269,7 +281,9 @@ class Singleflight:
                 if value is not None:
                     return LookupResult(value, "waited", time.monotonic() - started)
                 continue  # the claim may have ended meanwhile: try it again
-            outcome, value = self._wait(key, gen, started, published)
+            wait_began = time.time()
+            outcome, value, owner_rank = self._wait(key, gen, started, published)
+            self.events.span("wait", wait_began, key=short_key(key), owner=owner_rank, ended=WAIT_ENDINGS[outcome])
             if outcome == "expired":
                 gen += 1
                 continue
@@ -329,17 +343,18 @@ class Singleflight:
             next_progress = now + self.progress_interval
         return None, next_progress
 
-    def _wait(self, key: str, gen: int, started: float, published: str) -> tuple[str, bytes | None]:
+    def _wait(self, key: str, gen: int, started: float, published: str) -> tuple[str, bytes | None, int | None]:
         """Wait for the claimant's signals: ``w/<key>/<gen>/<n>`` is written at its n-th
         heartbeat ("beat") and once when the claim ends (the value itself, "published" or
         "abandoned"). On a store that can block (and with ``signalled_waits``), an idle
         waiter makes about one store call per heartbeat (lease/4), and the end signal is
-        the last call of a wait; elsewhere it polls the next signal's slot."""
-        raw_owner = self.store.get(f"c/{key}/{gen}")
-        owner = "unknown owner"
-        if raw_owner is not None:
-            rank, host, pid, _ = msgpack.unpackb(raw_owner)
-            owner = str(Owner(rank, host, pid))
+        the last call of a wait; elsewhere it polls the next signal's slot. Returns the
+        outcome, the value (if it came with the end signal) and the claimant's rank."""
+        owner = Owner.of_claim(self.store.get(f"c/{key}/{gen}"))
+        ended, value = self._wait_on(key, gen, started, published, str(owner or "unknown owner"))
+        return ended, value, owner and owner.rank
+
+    def _wait_on(self, key: str, gen: int, started: float, published: str, owner: str) -> tuple[str, bytes | None]:
         raw_beat = self.store.get(f"h/{key}/{gen}")
         beats = msgpack.unpackb(raw_beat)[0] if raw_beat is not None else 0
         last_change = time.monotonic()

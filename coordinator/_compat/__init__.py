@@ -75,6 +75,11 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
 * ``counters``: for the tests and benchmarks only (``coordinator.testing``; ran on 2.13.0 and
   2.14.1 in the CPU suite, on 2.11.0 in the GPU tier on an H100 and an H200): cubins Triton
   compiles (``FileCacheManager.put``) and Inductor's counters (``torch._dynamo.utils.counters``).
+* ``structured_trace``: the coordinator's events in torch's structured trace, for tlparse
+  (``emit_structured``, ``structured_trace_on``, ``current_compile_id``):
+  ``torch._logging.trace_structured`` (``chromium_event`` and ``artifact`` records),
+  ``_logging._internal.trace_log``, ``CompileContext.current_compile_id``. Ran on 2.13.0 and
+  2.14.1 (CPU tests, with tlparse 0.4.3).
 * ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
 """
@@ -115,6 +120,7 @@ from coordinator._compat.split_graphs import (
     cached_split_graphs,
     split_graphs_unsupported,
 )
+from coordinator._compat.structured_trace import current_compile_id, emit_structured, structured_trace_on
 from coordinator._compat.triton_tuning import (
     adopt_config,
     defer_autotune_save,
@@ -143,10 +149,12 @@ __all__ = [
     "compile_workers_without_redis",
     "count_triton_compiles",
     "cpu_kernels_resolved",
+    "current_compile_id",
     "default_c10d_store",
     "default_cache_dir",
     "deferred_backwards",
     "device_name",
+    "emit_structured",
     "defer_autotune_save",
     "extend_nccl_timeouts",
     "fx_graph_lookups",
@@ -165,6 +173,7 @@ __all__ = [
     "routed_remote_caches",
     "share_config_kept_from_cache",
     "split_graphs_unsupported",
+    "structured_trace_on",
     "triton_cache_dir",
     "triton_tuning_hooks",
 ]

@@ -1,0 +1,199 @@
+"""A rank's coordinator events on a timeline: claims, compiles, waits, receives.
+
+Off by default. A session records events when its ``trace_dir`` is set
+(``COORDINATOR_TRACE``, ``coordinator-run --coordinator-trace DIR``) or torch's structured
+trace is on (``TORCH_TRACE``); otherwise it holds :data:`NO_EVENTS`, whose methods do nothing.
+
+* ``trace_dir``: each process writes ``DIR/rank<R>-<pid>.json``, Chrome trace events (a JSON
+  array, one event per line, flushed as it goes: a job that hangs or is killed still leaves
+  a file that Perfetto and ``coordinator report`` read; the closing bracket is optional in
+  the format). ``coordinator report DIR`` merges the ranks (``coordinator.report``).
+* ``TORCH_TRACE``: the same events go into torch's structured trace
+  (``_compat.emit_structured``), so tlparse shows them on each rank's page and in its
+  timeline beside Dynamo's and Inductor's own.
+
+Every event has ``cat`` ``"coordinator"``, a wall-clock ``ts`` in microseconds (ranks on
+one host, or hosts whose clocks agree, line up), and ``args``. The names:
+
+=================  =====  ===============================================================
+name               phase  args
+=================  =====  ===============================================================
+session            i      host, pid, world_size
+claim              i      key (``<cache kind>/<digest>``)
+compile            X      key: from this rank's miss to Inductor's entry
+publish            i      key, bytes, ok
+wait               X      key, owner (a rank), ended: received, took over, owner gave up,
+                          timed out
+receive            X      key, bytes, from (store or node), saved_s, kernels: the lookup
+local hit          i      key: a graph this rank found in its own local cache
+rejected           i      key, why
+early backward     X      outcome (compiled, skipped, failed)
+timeout extension  i      seconds
+store lost         i      error
+step               i      n: a ``torch.optim`` optimizer's step returned (the first three,
+                          then those after a step with other events)
+=================  =====  ===============================================================
+
+Events logged inside a compile carry Dynamo's ``compile_id`` (as tlparse names compiles).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from coordinator import _compat
+
+log = logging.getLogger(__name__)
+
+#: How a wait ended, by Singleflight's outcome.
+WAIT_ENDINGS = {"waited": "received", "expired": "took over", "abandoned": "owner gave up", "deadline": "timed out"}
+
+
+def short_key(store_key: str) -> str:
+    """``<cache kind>/<digest>`` of a store key (``<fingerprint>/<namespace>/<kind>/<digest>``)."""
+    return "/".join(store_key.rsplit("/", 2)[-2:])
+
+
+class NoEvents:
+    """Tracing off: every event is dropped at the cost of a call."""
+
+    active = False
+
+    def instant(self, name: str, **args: Any) -> None:
+        pass
+
+    def span(self, name: str, started: float, **args: Any) -> None:
+        pass
+
+    def compile_began(self, key: str) -> None:
+        pass
+
+    def compile_ended(self, key: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+NO_EVENTS = NoEvents()
+
+
+class Events(NoEvents):
+    """One process's coordinator events, written to ``trace_dir`` and/or torch's trace."""
+
+    active = True
+
+    def __init__(self, rank: Callable[[], int], trace_dir: Path | None, *, structured: bool) -> None:
+        self._rank = rank  # known once the process group is
+        self._dir = trace_dir
+        self._structured = structured
+        self._lock = threading.Lock()
+        self._file = None
+        self._threads: dict[int, int] = {}
+        self._compiling: dict[str, float] = {}
+        self._started = time.time()
+        self._steps = 0
+        self._busy = False  # events since the last step
+        self._step_hook = _register_step_hook(self._stepped)
+
+    # -- what the session calls --------------------------------------------------------
+
+    def instant(self, name: str, **args: Any) -> None:
+        self._emit({"name": name, "ph": "i", "s": "t", "ts": time.time() * 1e6}, args)
+
+    def span(self, name: str, started: float, **args: Any) -> None:
+        """An event from wall-clock time ``started`` (``time.time()``) until now."""
+        now = time.time()
+        self._emit({"name": name, "ph": "X", "ts": started * 1e6, "dur": max(now - started, 0.0) * 1e6}, args)
+
+    def compile_began(self, key: str) -> None:
+        """This rank missed ``key`` and compiles it now."""
+        with self._lock:
+            self._compiling[key] = time.time()
+
+    def compile_ended(self, key: str) -> None:
+        """Inductor handed over ``key``'s entry: the compile span ends."""
+        with self._lock:
+            started = self._compiling.pop(key, None)
+        if started is not None:
+            self.span("compile", started, key=short_key(key))
+
+    def close(self) -> None:
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _stepped(self, *_: Any) -> None:
+        self._steps += 1
+        if self._steps <= 3 or self._busy:
+            self.instant("step", n=self._steps)
+        self._busy = False
+
+    def _emit(self, event: dict[str, Any], args: dict[str, Any]) -> None:
+        compile_id = _compat.current_compile_id()
+        if compile_id is not None:
+            args["compile_id"] = compile_id
+        event.update(cat="coordinator", args=args)
+        self._busy = event["name"] != "step"
+        if self._structured:
+            _compat.emit_structured(event)
+        if self._dir is None:
+            return
+        with self._lock:
+            try:
+                if self._file is None:
+                    self._file = self._open()
+                tid = self._threads.setdefault(threading.get_ident(), len(self._threads))
+                self._file.write(json.dumps(dict(event, pid=self._pid, tid=tid)) + ",\n")
+                self._file.flush()
+            except OSError as exc:  # never fail a compile over its trace
+                log.warning("compile_once: cannot write the trace to %s (%s); tracing off", self._dir, exc)
+                self._dir = None
+
+    def _open(self):
+        rank = int(self._rank())
+        self._pid = rank
+        self._dir.mkdir(parents=True, exist_ok=True)
+        path = self._dir / f"rank{rank}-{os.getpid()}.json"
+        file = open(path, "w", buffering=1)
+        file.write("[\n")
+        for meta in ({"name": "process_name", "args": {"name": f"rank {rank}"}},
+                     {"name": "process_sort_index", "args": {"sort_index": rank}}):
+            file.write(json.dumps(dict(meta, ph="M", pid=rank, tid=0)) + ",\n")
+        session = {"name": "session", "ph": "i", "s": "t", "ts": self._started * 1e6, "pid": rank, "tid": 0,
+                   "cat": "coordinator",
+                   "args": {"host": socket.gethostname(), "pid": os.getpid(),
+                            "world_size": int(os.environ.get("WORLD_SIZE", "1"))}}
+        file.write(json.dumps(session) + ",\n")
+        log.debug("compile_once: tracing to %s", path)
+        return file
+
+
+def _register_step_hook(callback: Any) -> Any:
+    """Mark each optimizer step (a public torch hook, global to the process)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    return register_optimizer_step_post_hook(callback)
+
+
+def open_events(trace_dir: Path | None, rank: Callable[[], int]) -> NoEvents:
+    """The session's events: :data:`NO_EVENTS` unless ``trace_dir`` is set or torch's
+    structured trace is on."""
+    structured = _compat.structured_trace_on()
+    if trace_dir is None and not structured:
+        return NO_EVENTS
+    return Events(rank, trace_dir, structured=structured)
