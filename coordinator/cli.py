@@ -1,4 +1,4 @@
-"""The ``coordinator`` command line: manage persisted bundles.
+"""The ``coordinator`` command line: manage persisted bundles, report on a traced job.
 
     coordinator bundle save URL FILE [--name NAME] [--ttl S] [--max-bytes N]
     coordinator bundle load URL [--name NAME] [--out FILE]
@@ -7,6 +7,7 @@
     coordinator bundle rm URL NAME
     coordinator bundle copy SRC_URL DST_URL [--keep]
     coordinator slurm prolog|epilog
+    coordinator report DIR [--no-picture]
 
 ``URL`` is a ``redis://``/``rediss://`` or ``file://`` store. ``load`` fetches,
 verifies and installs into this machine's Inductor cache dir (once per node), or with
@@ -14,7 +15,9 @@ verifies and installs into this machine's Inductor cache dir (once per node), or
 ``COORDINATOR_SECRET``. ``copy`` publishes every verified bundle of one store to another.
 Exit status: 0 on success, 1 on a refused or missing bundle, 2 on bad usage.
 ``slurm prolog|epilog`` are SLURM's node hooks (see ``coordinator.slurm``); they always
-exit 0.
+exit 0. ``report`` merges the rank traces a job wrote with ``--coordinator-trace DIR`` into
+one Chrome trace and a picture in ``DIR``, and prints a table per rank and any warnings
+(see ``coordinator.report``); exit status 1 when ``DIR`` holds no trace.
 """
 
 from __future__ import annotations
@@ -114,7 +117,28 @@ def build_parser() -> argparse.ArgumentParser:
     copy.add_argument("--keep", action="store_true", help="leave the source copies")
     slurm = commands.add_parser("slurm", help="SLURM node hooks: restore before a job, push and clean after")
     slurm.add_argument("hook", choices=["prolog", "epilog"])
+    report = commands.add_parser("report", help="merge a traced job's rank traces: one timeline, a picture, a table")
+    report.add_argument("dir", help="the job's --coordinator-trace directory")
+    report.add_argument("--no-picture", action="store_true", help="write the trace and the table only")
     return parser
+
+
+def _report_command(args: argparse.Namespace) -> int:
+    from coordinator.report import write_report
+
+    try:
+        report = write_report(args.dir, picture=not args.no_picture)
+    except FileNotFoundError as exc:
+        print(f"coordinator: {exc}", file=sys.stderr)
+        return 1
+    print(report.table())
+    for warning in report.warnings:
+        print(f"warning: {warning}")
+    for note in report.notes:
+        print(f"note: {note}")
+    for path in report.written:
+        print(f"wrote {path}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
 
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
         return slurm.prolog() if args.hook == "prolog" else slurm.epilog()
+    if args.command == "report":
+        return _report_command(args)
     try:
         return _bundle_command(args)
     except (CoordinatorError, FileNotFoundError, OSError) as exc:

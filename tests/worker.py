@@ -370,6 +370,8 @@ def main() -> None:
     else:
         batches = [torch.randn(n, 512 if kind in ("repeated", "split_mlp") else 16) for n in shapes]
     losses, ref_losses, step_times, grad_norms = [], [], [], []
+    # An optimizer step that changes nothing (lr 0): marks each step in a coordinator trace.
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0) if options.get("optimizer") else None
 
     def run_steps():
         if options.get("start_after"):
@@ -382,6 +384,8 @@ def main() -> None:
             step_times.append(time.perf_counter() - start)
             losses.append(loss.item())
             grad_norms.append([p.grad.norm().item() for p in model.parameters()])
+            if optimizer is not None:
+                optimizer.step()
             model.zero_grad(set_to_none=True)
             expected = reference(x) + (rank if options.get("rank_baking_pass") else 0)
             ref_losses.append(expected.pow(2).mean().item())

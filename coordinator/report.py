@@ -1,0 +1,259 @@
+"""``coordinator report DIR``: a job's compile as a whole, from every rank's trace.
+
+Reads each ``rank<R>-<pid>.json`` a traced job wrote into ``DIR`` (``coordinator.trace``;
+a file cut short by a killed rank is read up to its last whole event) and writes, into
+``DIR``:
+
+* ``job.trace.json``: one Chrome trace with a row per rank (open it in Perfetto or
+  chrome://tracing);
+* ``job.png`` and ``job.svg``: a bar per rank through time, coloured by what the rank was
+  doing for the coordinator (compiling, waiting on another rank, loading, compiling
+  backward graphs early), with a mark where each optimizer step ended. Drawing needs
+  matplotlib (``pip install 'coordinator[plot]'``); without it the trace and the table
+  are still written.
+
+It returns (and the command prints) a table per rank, graphs compiled, received, waits,
+time saved, bytes, rejections, and warnings: ranks that compiled or received different
+sets of FX graphs (a rank that compiles a graph its peers never need usually took
+another path through the model, the usual cause of a collective that hangs), and waits
+on a rank that never compiled or published the graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+from collections import defaultdict
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_RANK_FILE = re.compile(r"rank(\d+)-\d+\.json$")
+#: What each span means in the picture, drawn in this order (later on top), and its colour.
+_DRAWN = {"receive": ("loading", "tab:green"), "compile": ("compiling", "tab:blue"),
+          "early backward": ("early backward", "tab:purple"), "wait": ("waiting", "tab:orange")}
+
+
+@dataclasses.dataclass
+class RankRow:
+    """One rank's line of the report."""
+
+    rank: int
+    compiled: int = 0
+    received: int = 0
+    local_hits: int = 0
+    waits: int = 0
+    waited_s: float = 0.0
+    saved_s: float = 0.0
+    bytes_received: int = 0
+    bytes_published: int = 0
+    rejected: int = 0
+    first_step_s: float | None = None  # seconds from the job's first event to this rank's step 1
+
+
+@dataclasses.dataclass
+class Report:
+    rows: list[RankRow]
+    warnings: list[str]
+    written: list[Path]
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def table(self) -> str:
+        head = ("rank", "compiled", "received", "local", "waits", "waited_s", "saved_s", "MB_in", "MB_out",
+                "rejected", "step1_s")
+        lines = ["  ".join(f"{h:>8}" for h in head)]
+        for r in self.rows:
+            cells = (r.rank, r.compiled, r.received, r.local_hits, r.waits, f"{r.waited_s:.1f}", f"{r.saved_s:.1f}",
+                     f"{r.bytes_received / 1e6:.2f}", f"{r.bytes_published / 1e6:.2f}", r.rejected,
+                     "-" if r.first_step_s is None else f"{r.first_step_s:.1f}")
+            lines.append("  ".join(f"{c:>8}" for c in cells))
+        return "\n".join(lines)
+
+
+def read_events(path: Path) -> list[dict]:
+    """The events of one rank's file; a file cut short ends at its last whole event."""
+    events = []
+    for line in path.read_text().splitlines():
+        line = line.strip().rstrip(",")
+        if line in ("[", "]", ""):
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            log.warning("%s: skipping an unreadable line (a rank killed while writing?)", path)
+    return events
+
+
+def load_traces(trace_dir: Path) -> dict[int, list[dict]]:
+    """Every rank's events in ``trace_dir`` (a rank restarted in place has several files),
+    in time order."""
+    traces: dict[int, list[dict]] = defaultdict(list)
+    for path in sorted(trace_dir.iterdir()):
+        match = _RANK_FILE.fullmatch(path.name)
+        if match:
+            traces[int(match.group(1))].extend(read_events(path))
+    for events in traces.values():
+        events.sort(key=lambda e: e.get("ts", 0))
+    return dict(sorted(traces.items()))
+
+
+def _timed(events: list[dict]) -> list[dict]:
+    return [e for e in events if e.get("ph") != "M"]
+
+
+def job_start(traces: dict[int, list[dict]]) -> float:
+    """The first event's time, in microseconds."""
+    return min((e["ts"] for events in traces.values() for e in _timed(events)), default=0.0)
+
+
+def graphs_needed(events: list[dict]) -> dict[str, str]:
+    """The FX graphs a rank compiled, received or found in its local cache: key -> how."""
+    how = {"compile": "compiled", "receive": "received", "local hit": "found in its local cache"}
+    needed: dict[str, str] = {}
+    for e in events:
+        key = e.get("args", {}).get("key", "")
+        if e["name"] in how and key.startswith("fx_graph/"):
+            needed.setdefault(key, how[e["name"]])
+    return needed
+
+
+def rows(traces: dict[int, list[dict]]) -> list[RankRow]:
+    start = job_start(traces)
+    table = []
+    for rank, events in traces.items():
+        row = RankRow(rank)
+        for e in events:
+            args = e.get("args", {})
+            fx = args.get("key", "").startswith("fx_graph/")
+            if e["name"] == "compile" and fx:
+                row.compiled += 1
+            elif e["name"] == "receive":
+                row.received += int(fx)
+                row.saved_s += args.get("saved_s", 0.0)
+                row.bytes_received += args.get("bytes", 0) if args.get("from") == "store" else 0
+            elif e["name"] == "local hit":
+                row.local_hits += 1
+            elif e["name"] == "wait":
+                row.waits += 1
+                row.waited_s += e.get("dur", 0.0) / 1e6
+            elif e["name"] == "publish" and args.get("ok"):
+                row.bytes_published += args.get("bytes", 0)
+            elif e["name"] == "rejected":
+                row.rejected += 1
+            elif e["name"] == "step" and args.get("n") == 1:
+                row.first_step_s = (e["ts"] - start) / 1e6
+        table.append(row)
+    return table
+
+
+def _ranks(ranks) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def divergence(traces: dict[int, list[dict]], limit: int = 10) -> list[str]:
+    """A warning per FX graph that some ranks needed and others did not."""
+    needed = {rank: graphs_needed(events) for rank, events in traces.items()}
+    every_key = sorted(set().union(*needed.values())) if needed else []
+    warnings = []
+    for key in every_key:
+        having = [rank for rank in needed if key in needed[rank]]
+        if len(having) == len(needed):
+            continue
+        lacking = [rank for rank in needed if key not in needed[rank]]
+        how = "; ".join(f"rank {rank} {needed[rank][key]} it" for rank in having)
+        warnings.append(f"graph {key} was needed by {_ranks(having)} only ({how}); {_ranks(lacking)} never "
+                        "needed it: ranks that compile different graphs can hang in a collective")
+    if len(warnings) > limit:
+        warnings = warnings[:limit] + [f"... and {len(warnings) - limit} more graphs not needed by every rank"]
+    return warnings
+
+
+def unmatched_waits(traces: dict[int, list[dict]]) -> list[str]:
+    """A warning per wait on a rank that has no compile or publish of that key."""
+    made = {rank: {e["args"]["key"] for e in events if e["name"] in ("compile", "publish")}
+            for rank, events in traces.items()}
+    warnings = []
+    for rank, events in traces.items():
+        for e in events:
+            if e["name"] != "wait":
+                continue
+            key, owner = e["args"]["key"], e["args"].get("owner")
+            if owner not in made or key not in made[owner]:
+                warnings.append(f"rank {rank} waited {e.get('dur', 0) / 1e6:.1f}s on {key} held by rank {owner}, "
+                                f"which has no compile or publish of it in the trace ({e['args'].get('ended')})")
+    return warnings
+
+
+def merged_trace(traces: dict[int, list[dict]]) -> dict:
+    """One Chrome trace object, a process (row) per rank."""
+    events = [e for rank_events in traces.values() for e in rank_events]
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"ranks": sorted(traces)}}
+
+
+def draw(traces: dict[int, list[dict]], paths: list[Path]) -> bool:
+    """Draw the job's start into ``paths`` (by suffix: .png, .svg); False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    start = job_start(traces)
+    ranks = list(traces)
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.45 * len(ranks)))
+    for y, rank in enumerate(ranks):
+        spans = [e for e in traces[rank] if e.get("ph") == "X" and e["name"] in _DRAWN]
+        for name, (_, colour) in _DRAWN.items():
+            named = [e for e in spans if e["name"] == name]
+            bars = [((e["ts"] - start) / 1e6, e["dur"] / 1e6) for e in named]
+            ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=colour)
+            for e, (x, width) in zip(named, bars, strict=True):
+                if name == "wait" and e["args"].get("owner") is not None:
+                    ax.text(x + width / 2, y, f"r{e['args']['owner']}", ha="center", va="center", fontsize=7)
+        for e in traces[rank]:
+            if e["name"] == "step":
+                x = (e["ts"] - start) / 1e6
+                ax.plot([x, x], [y - 0.45, y + 0.45], color="black", linewidth=1.5 if e["args"]["n"] == 1 else 0.6)
+                if e["args"]["n"] == 1:
+                    ax.text(x, y - 0.47, "step 1", fontsize=7, ha="center", va="bottom")
+    ax.set_yticks(range(len(ranks)), [f"rank {rank}" for rank in ranks])
+    ax.set_ylim(-0.8, len(ranks) - 0.2)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from the job's first coordinator event")
+    handles = [matplotlib.patches.Patch(color=colour, label=label) for label, colour in _DRAWN.values()]
+    handles.append(matplotlib.lines.Line2D([], [], color="black", label="optimizer step ended"))
+    ax.set_title(f"compile_once: {len(ranks)} ranks, who compiled and who waited on whom (r<N>: waited on rank N)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=5, fontsize=8, frameon=False)
+    for path in paths:
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+def write_report(trace_dir: Path, *, picture: bool = True) -> Report:
+    """Merge ``trace_dir``'s rank files and write the trace (and the picture).
+
+    Raises:
+        FileNotFoundError: no rank's trace is there.
+    """
+    trace_dir = Path(trace_dir)
+    traces = load_traces(trace_dir) if trace_dir.is_dir() else {}
+    if not traces:
+        raise FileNotFoundError(f"no rank traces (rank<R>-<pid>.json) in {trace_dir}")
+    merged = trace_dir / "job.trace.json"
+    merged.write_text(json.dumps(merged_trace(traces)))
+    written = [merged]
+    report = Report(rows(traces), divergence(traces) + unmatched_waits(traces), written)
+    if picture:
+        pictures = [trace_dir / "job.png", trace_dir / "job.svg"]
+        if draw(traces, pictures):
+            written += pictures
+        else:
+            report.notes.append("no picture: matplotlib is not installed (pip install 'coordinator[plot]')")
+    return report

@@ -1,0 +1,126 @@
+"""A traced job: the coordinator's events in tlparse's output and in ``coordinator report``.
+
+One 3-rank gloo job (real processes) runs with both ``TORCH_TRACE`` and
+``COORDINATOR_TRACE`` on. The first compiler stalls 3 s, so the other ranks wait for its
+graphs; rank 2 then runs a third step at a new batch size, a recompile no other rank
+needs. Both tests read the same job: the first test to need it runs it (under a file
+lock, so that pytest-xdist workers share one run).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import require_success, run_job
+
+from coordinator.node import file_lock
+from coordinator.report import load_traces, write_report
+
+
+@pytest.fixture(scope="module")
+def traced_job(tmp_path_factory, worker_id):
+    base = tmp_path_factory.getbasetemp()
+    root = (base if worker_id == "master" else base.parent) / "traced-job"  # shared by the xdist workers
+    with file_lock(str(root) + ".lock", None):
+        if not (root / "done").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            options = {"first_compiler": "slow:3", "optimizer": True, "steps": 2}
+            env = {"TORCH_TRACE": str(root / "torch-trace"), "COORDINATOR_TRACE": str(root / "trace")}
+            results = run_job(root, 3, options, env=env, rank_options={2: {"shapes": [8, 8, 12]}})
+            require_success(results)
+            (root / "results.json").write_text(json.dumps([r.report for r in results]))
+            (root / "done").touch()
+    return root
+
+
+def chromium_events(tlparse_out: Path) -> dict[int, list[dict]]:
+    """The coordinator's events of each rank's timeline in tlparse's multi-rank output."""
+    by_rank = {}
+    for path in tlparse_out.rglob("chromium_events.json"):
+        rank_dir = next((part for part in path.relative_to(tlparse_out).parts if part.startswith("rank_")), None)
+        if rank_dir is not None:
+            events = json.loads(path.read_text())
+            by_rank[int(rank_dir.split("_")[1])] = [e for e in events if e.get("cat") == "coordinator"]
+    return by_rank
+
+
+def tlparse_binary() -> str | None:
+    """tlparse as installed beside this Python (a venv's), else on the PATH."""
+    beside = Path(sys.executable).with_name("tlparse")
+    return str(beside) if beside.exists() else shutil.which("tlparse")
+
+
+def test_tlparse_shows_each_ranks_compiles_waits_and_receives(traced_job, tmp_path):
+    tlparse = tlparse_binary()
+    if tlparse is None:  # the README's test command installs it (the "test" extra)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "tlparse"], check=True)
+        tlparse = tlparse_binary()
+    out = tmp_path / "tl_out"
+    done = subprocess.run([tlparse, str(traced_job / "torch-trace"), "--all-ranks-html", "-o", str(out),
+                           "--overwrite", "--no-browser"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    by_rank = chromium_events(out)
+    assert sorted(by_rank) == [0, 1, 2], sorted(p.relative_to(out) for p in out.rglob("chromium_events.json"))
+    compiled_by = {e["args"]["key"]: rank for rank, events in by_rank.items()
+                   for e in events if e["name"] == "compile"}
+    assert any(key.startswith("fx_graph/") for key in compiled_by), by_rank
+    # Another rank waited on the compiler's graph and received it; the wait names the compiler.
+    waits = [(rank, e) for rank, events in by_rank.items() for e in events if e["name"] == "wait"]
+    assert waits, by_rank
+    for rank, wait in waits:
+        assert wait["args"]["owner"] == compiled_by.get(wait["args"]["key"]) != rank, wait
+        assert wait["args"]["ended"] == "received"
+        assert any(e["name"] == "receive" and e["args"]["key"] == wait["args"]["key"] for e in by_rank[rank])
+    # On each rank's page, beside Dynamo's and Inductor's artifacts.
+    pages = "\n".join(p.read_text(errors="replace") for p in out.rglob("*.html"))
+    assert "coordinator_compile" in pages and "coordinator_wait" in pages and "coordinator_receive" in pages
+
+
+def test_report_merges_the_ranks_and_warns_about_a_graph_one_rank_needed(traced_job):
+    reports = json.loads((traced_job / "results.json").read_text())
+    report = write_report(traced_job / "trace")
+    merged = json.loads((traced_job / "trace" / "job.trace.json").read_text())
+    events = merged["traceEvents"]
+    assert {e["pid"] for e in events} == {0, 1, 2}  # one row per rank
+    assert all({"name", "ph", "pid", "tid"} <= set(e) and ("ts" in e or e["ph"] == "M") for e in events)
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {"rank 0", "rank 1", "rank 2"}
+
+    # Every wait is matched to the rank that compiled the graph.
+    compiled = {(e["pid"], e["args"]["key"]) for e in events if e["name"] == "compile"}
+    waits = [e for e in events if e["name"] == "wait"]
+    assert waits and all((e["args"]["owner"], e["args"]["key"]) in compiled for e in waits), waits
+    assert not [w for w in report.warnings if "waited" in w], report.warnings
+
+    # The table agrees with each rank's own counters.
+    for row, rank_report in zip(report.rows, reports, strict=True):
+        stats = rank_report["stats"]
+        assert (row.compiled, row.received) == (stats["graphs_compiled"], stats["graphs_received"]), (row, stats)
+        assert row.bytes_published == stats["bytes_published"] and row.first_step_s is not None
+    # Rank 2's recompile (batch 12) is a graph no other rank needed: named, with its ranks.
+    divergent = [w for w in report.warnings if "never needed it" in w]
+    traces = load_traces(traced_job / "trace")
+
+    def needed(rank):
+        return {e["args"]["key"] for e in traces[rank]
+                if e["name"] in ("compile", "receive") and e["args"]["key"].startswith("fx_graph/")}
+
+    rank2_only = needed(2) - needed(0) - needed(1)
+    assert rank2_only and len(divergent) == len(rank2_only), report.warnings
+    for key in rank2_only:
+        assert any(key in w and "needed by rank 2 only" in w and "ranks 0, 1 never needed it" in w
+                   for w in divergent), divergent
+    assert {p.name for p in report.written} == {"job.trace.json", "job.png", "job.svg"}
+
+    # The command prints the same.
+    done = subprocess.run([sys.executable, "-m", "coordinator.cli", "report", str(traced_job / "trace")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "never needed it" in done.stdout and done.stdout.splitlines()[0].split()[:3] == ["rank", "compiled",
+                                                                                          "received"]
