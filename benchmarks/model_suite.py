@@ -3,14 +3,16 @@
     python benchmarks/model_suite.py --label cpu-suite --models llama bert convnext qwen-fsdp llama-dynamic \\
         --ranks 1 2 3 --repeat 3
     python benchmarks/model_suite.py --label gpu-suite --models llama bert --ranks 1 2 4 --repeat 3 --gpu
+    python benchmarks/model_suite.py --label cpu-trace --ranks 1 3 --plain-ranks --traced 1 --repeat 2
 
 Each job is ``benchmarks/model_suite_job.py``, a training script that never imports the
 coordinator, launched by ``torchrun`` ("plain") or ``coordinator-run`` ("coordinator"). Every
 rank has an empty Inductor cache dir of its own, as ranks on separate nodes do
 (``--node-cache``: one dir per job, as ranks on one node share). Runs are interleaved in
 rounds (per model: plain N=1, coordinator N=1, coordinator N=2.., plain N=2..), so drift on
-the host spreads over the rows. With ``--gpu``, every rank uses ``cuda:0`` over gloo (one
-GPU shared).
+the host spreads over the rows. ``--traced N`` adds rows "traced": ``coordinator-run
+--coordinator-trace DIR`` (tracing's cost; the raw runs count the events written). With
+``--gpu``, every rank uses ``cuda:0`` over gloo (one GPU shared).
 
 Columns: the time until every rank has finished every step (the shape change's recompile
 included) and step 1, medians; each ÷ plain N=1, the median of each run's ratio to the
@@ -41,13 +43,15 @@ JOB = ROOT / "benchmarks" / "model_suite_job.py"
 from cold_start import machine, write_section  # noqa: E402
 from model_suite_job import MODELS  # noqa: E402
 
-LAUNCHERS = {"plain": "torch.distributed.run", "coordinator": "coordinator.launcher"}
+#: Row name -> module run; "traced" is coordinator-run with ``--coordinator-trace`` (``--traced``).
+LAUNCHERS = {"plain": "torch.distributed.run", "coordinator": "coordinator.launcher", "traced": "coordinator.launcher"}
 
 
 def run_job(model: str, n: int, launcher: str, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", LAUNCHERS[launcher], "--standalone", f"--nproc-per-node={n}", str(JOB),
+        trace = ["--coordinator-trace", str(Path(tmp) / "trace")] if launcher == "traced" else []
+        cmd = [sys.executable, "-m", LAUNCHERS[launcher], *trace, "--standalone", f"--nproc-per-node={n}", str(JOB),
                "--model", model, "--size", args.size, "--steps", str(args.steps), "--json", str(out)]
         if not args.node_cache:
             cmd.append("--cache-per-rank")
@@ -63,7 +67,11 @@ def run_job(model: str, n: int, launcher: str, args: argparse.Namespace) -> dict
         if done.returncode != 0 or not out.exists():
             print(done.stdout[-4000:], file=sys.stderr)
             raise SystemExit(f"job failed: {' '.join(cmd)}")
-        return json.loads(out.read_text())
+        result = json.loads(out.read_text())
+        if trace:
+            result["trace_events"] = sum(len(path.read_text().splitlines()) - 1
+                                         for path in (Path(tmp) / "trace").glob("rank*.json"))
+        return result
 
 
 def row(model: str, n: int, launcher: str, runs: list[dict]) -> dict:
@@ -147,6 +155,8 @@ def main() -> None:
     p.add_argument("--plain-ranks", type=int, nargs="*", default=None,
                    help="N for the plain rows beyond N=1 (default: every N in --ranks)")
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--traced", type=int, nargs="*", default=[], metavar="N",
+                   help="after the coordinator row of each N given, the same with --coordinator-trace (its cost)")
     p.add_argument("--job-logs", default=None, metavar="DIR", help="keep each job's output in DIR")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     p.add_argument("--from-json", nargs="+", default=None, metavar="FILE",
@@ -161,7 +171,9 @@ def main() -> None:
         print(markdown(args, raw, table))
         return
     plain_ranks = sorted({1, *(args.ranks if args.plain_ranks is None else args.plain_ranks)})
-    plan = [("plain", 1)] + [("coordinator", n) for n in args.ranks] + [("plain", n) for n in plain_ranks if n > 1]
+    ours = [(launcher, n) for n in args.ranks for launcher in ("coordinator", "traced")
+            if launcher == "coordinator" or n in args.traced]
+    plan = [("plain", 1)] + ours + [("plain", n) for n in plain_ranks if n > 1]
     raw = {"command": "python benchmarks/model_suite.py " + " ".join(sys.argv[1:]), "machine": machine(int(args.gpu)),
            "runs": {}}
     table: list[dict] = []
