@@ -39,7 +39,7 @@ than one leader), ``wrong_values`` (a waiter got other bytes than were published
 ``store_mem_mb`` (server memory growth, after the job), ``duration_s``. ``--sweep`` runs each
 row ``--repeat`` times, keeps the run with the median p99, and writes
 ``<results-dir>/<label>.json``, the table into ``--out`` (``benchmarks/RESULTS.md``) and, for
-several N, ``benchmarks/<label>.png``; ``--render`` rewrites the table from the JSON alone.
+several N, ``docs/images/<label>.png``; ``--render`` rewrites the table from the JSON alone.
 """
 
 from __future__ import annotations
@@ -487,7 +487,7 @@ def render(path: Path, label: str, out: Path) -> None:
     saved = json.loads(path.read_text())
     rows = saved["rows"]
     if len({r["nodes"] for r in rows}) > 1:
-        plot(rows, ROOT / "benchmarks" / f"{label.replace('-', '_')}.png")
+        plot(rows, ROOT / "docs" / "images" / f"{label.replace('-', '_')}.png")
     section = markdown(rows, saved["commands"], saved["machine"], label)
     print(section)
     from cold_start import write_section
