@@ -79,7 +79,8 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   (``emit_structured``, ``structured_trace_on``, ``current_compile_id``):
   ``torch._logging.trace_structured`` (``chromium_event`` and ``artifact`` records),
   ``_logging._internal.trace_log``, ``CompileContext.current_compile_id``. Ran on 2.13.0 and
-  2.14.1 (CPU tests, with tlparse 0.4.3).
+  2.14.1 (CPU tests, with tlparse 0.4.3); ``current_compile_id`` and ``trace_log`` also on
+  2.11.0 on an H200 (a traced job without ``TORCH_TRACE``).
 * ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
 """
