@@ -352,7 +352,7 @@ class Singleflight:
         outcome, the value (if it came with the end signal) and the claimant's rank."""
         owner = Owner.of_claim(self.store.get(f"c/{key}/{gen}"))
         ended, value = self._wait_on(key, gen, started, published, str(owner or "unknown owner"))
-        return ended, value, owner and owner.rank
+        return ended, value, owner.rank if owner is not None else None
 
     def _wait_on(self, key: str, gen: int, started: float, published: str, owner: str) -> tuple[str, bytes | None]:
         raw_beat = self.store.get(f"h/{key}/{gen}")
