@@ -231,6 +231,11 @@ class ShippedKernels:
         """The kernel files among ``paths`` (a local hit's)."""
         return read_kernels(self._cache_dir(), paths)
 
+    def read_recorded(self) -> dict[str, bytes]:
+        """Every kernel file this process compiled or received (``files``)."""
+        cache_dir = self._cache_dir()
+        return read_kernels(cache_dir, [os.path.join(cache_dir, rel) for rel in sorted(self.files)])
+
     def emit(self, files: dict[str, bytes]) -> int:
         """Write received kernel files into this process's caches; returns how many."""
         triton = {rel: data for rel, data in files.items() if rel.startswith(TRITON_PREFIX)}

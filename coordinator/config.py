@@ -24,6 +24,7 @@ compile_choices_once         COORDINATOR_COMPILE_CHOICES_ONCE    true
 signalled_waits              COORDINATOR_SIGNALLED_WAITS         true
 early_backward               COORDINATOR_EARLY_BACKWARD          true
 cache_ddp_graphs             COORDINATOR_CACHE_DDP_GRAPHS        true (where torch allows)
+precompile                   COORDINATOR_PRECOMPILE              false
 trace_dir                    COORDINATOR_TRACE                   none (no trace)
 ===========================  ==================================  ==========================
 """
@@ -61,6 +62,7 @@ _ENV = {
     "signalled_waits": "COORDINATOR_SIGNALLED_WAITS",
     "early_backward": "COORDINATOR_EARLY_BACKWARD",
     "cache_ddp_graphs": "COORDINATOR_CACHE_DDP_GRAPHS",
+    "precompile": "COORDINATOR_PRECOMPILE",
     "trace_dir": "COORDINATOR_TRACE",
 }
 
@@ -113,6 +115,7 @@ _PARSE_ENV = {
     "signalled_waits": _flag,
     "early_backward": _flag,
     "cache_ddp_graphs": _flag,
+    "precompile": _flag,
     "trace_dir": lambda name, raw: Path(raw),
 }
 
@@ -177,6 +180,14 @@ class Config:
     which bypasses them, so that a restart (and a rank that finds another rank's entry)
     skips AOTAutograd for them (``_compat.cached_split_graphs``). Only on the torch
     versions it was checked on; elsewhere it stays off, with one INFO line."""
+
+    precompile: bool = False
+    """Share each compiled function's precompiled form (Dynamo's caching precompile):
+    ranks and later jobs that find it install the function before its first call and
+    skip Dynamo's tracing for it (``coordinator.precompiled``). Only on the torch
+    versions it was checked on. Off by default: while on, torch drops some guards
+    (``ID_MATCH``, ``CLOSURE_MATCH``, ``WEAKREF_ALIVE``, ``DICT_VERSION``) from every
+    compile of the process."""
 
     trace_dir: Path | None = None
     """Write this rank's coordinator events (claims, compiles, waits, receives) as Chrome

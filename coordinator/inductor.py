@@ -21,7 +21,9 @@ defers to the first backward call are reported to the session
 (``_compat.deferred_backwards``), whose rank compiles them while it waits for another
 rank's graph (``coordinator.early_backward``). The graphs DDPOptimizer splits out of a
 DDP model, which AOTAutograd's cache bypasses, are saved to it and served from it
-(``_compat.cached_split_graphs``), so a restart skips AOTAutograd for them too.
+(``_compat.cached_split_graphs``), so a restart skips AOTAutograd for them too. With
+``precompile`` on, whole compiled functions are shared and installed without tracing
+(``coordinator.precompiled``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Iterator
 
 from coordinator import _compat
 from coordinator.local_hits import share_local_hit
+from coordinator.precompiled import PrecompiledFunctions
 from coordinator.session import Session
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,22 @@ def _split_graphs(session: Session) -> contextlib.AbstractContextManager[None]:
     return _compat.cached_split_graphs(lambda event, _detail: session.stats.record_split_graph(event))
 
 
+def _precompiled(session: Session) -> contextlib.AbstractContextManager[None]:
+    """Precompiled functions shared through the session, where asked for and this torch allows."""
+    if not session.config.precompile:
+        return contextlib.nullcontext()
+    reason = _compat.precompile_unsupported()
+    if reason is not None:
+        log.info("compile_once: precompiled functions are off: %s", reason)
+        return contextlib.nullcontext()
+    functions = PrecompiledFunctions(session)
+    session.stats.precompiled = functions.counts
+    stack = contextlib.ExitStack()
+    stack.enter_context(_compat.precompiled_functions(functions.load, functions.recorded, functions.on_install))
+    stack.enter_context(_compat.on_compile_end(functions.publish_ready))
+    return stack
+
+
 @contextlib.contextmanager
 def route_caches(session: Session) -> Iterator[None]:
     """Send the session's configured Inductor caches through it for the duration."""
@@ -84,6 +103,7 @@ def route_caches(session: Session) -> Iterator[None]:
     session.stats.aot_autograd_hits = lambda: _compat.aot_autograd_cache_hits() - aot_hits_before
     with (
         _split_graphs(session),
+        _precompiled(session),
         _compat.collective_switches_off(),
         _compat.routed_remote_caches(backends),
         _compat.on_compile_end(session.compile_ended),

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from coordinator import _compat
+
 log = logging.getLogger(__name__)
 
 
@@ -26,6 +28,9 @@ class RankDependence:
         self._compiling = threading.local()
         #: Store keys of graphs whose code depends on the rank: never published, never loaded.
         self.marked: set[str] = set()
+        #: Reads of the rank inside any compile (Dynamo's tracing included): a precompiled
+        #: function of this process may have the rank in its code (``coordinator.precompiled``).
+        self.reads_in_compiles = 0
 
     def _graphs(self) -> dict[str, tuple[str, list[str]]]:
         graphs = getattr(self._compiling, "graphs", None)
@@ -39,6 +44,8 @@ class RankDependence:
 
     def rank_read(self, where: str) -> None:
         """Code read this process's rank: the graphs this thread compiles may depend on it."""
+        if _compat.current_compile_id() is not None:
+            self.reads_in_compiles += 1
         for _, reads in self._graphs().values():
             if where not in reads:
                 reads.append(where)

@@ -60,6 +60,8 @@ class Stats:
         #: Early backward compiles' counters (``coordinator.early_backward``).
         self.early_backward: Any = None
         self.split_graphs = SplitGraphCounts()
+        #: Precompiled functions' counters (``coordinator.precompiled``), when on.
+        self.precompiled: Any = None
         #: Returns how many graphs skipped AOTAutograd (its cache hits) since the session began.
         self.aot_autograd_hits: Callable[[], int] = lambda: 0
 
@@ -144,6 +146,8 @@ class Stats:
                                    if self.early_backward is not None else None),
                 "graphs_skipped_aot_autograd": self.aot_autograd_hits(),
                 "ddp_split_graphs": dataclasses.asdict(self.split_graphs),
+                "precompiled_functions": (dataclasses.asdict(self.precompiled)
+                                          if self.precompiled is not None else None),
             }
 
     def summary(self) -> str:
@@ -158,7 +162,15 @@ class Stats:
             f"store {d['store']} ({d['store_calls']} calls, {d['store_s']:.1f}s)"
             + self._aot_summary(d["graphs_skipped_aot_autograd"], d["ddp_split_graphs"])
             + self._early_summary(d["early_backward"])
+            + self._precompiled_summary(d["precompiled_functions"])
         )
+
+    @staticmethod
+    def _precompiled_summary(p: dict | None) -> str:
+        if p is None:
+            return ""
+        return (f"; {p['installed']} functions installed without tracing, {p['published']} published, "
+                f"{p['failed']} not installed")
 
     @staticmethod
     def _aot_summary(skipped: int, split: dict) -> str:

@@ -17,9 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coordinator._compat import count_triton_compiles, inductor_counters
+from coordinator._compat import count_triton_compiles, frames_traced, inductor_counters
 
-__all__ = ["GPT", "Block", "count_triton_compiles", "free_port", "inductor_counters", "open_test_store",
+__all__ = ["GPT", "Block", "count_triton_compiles", "frames_traced", "free_port", "inductor_counters", "open_test_store",
            "redis_server_binary"]
 
 

@@ -7,7 +7,7 @@ counters, how many C++ compiler runs this process made, and ``coordinator.stats(
 
 Options:
     store: store spec for compile_once (None = the job's TCPStore)
-    model: "mlp" | "rank_dependent" | "collective" | "repeated" (3 identical layers: with
+    model: "mlp" | "blocks" (two Linear+GELU blocks, for ``fsdp_blocks``) | "rank_dependent" | "collective" | "repeated" (3 identical layers: with
         ``bucket_cap_mb`` 1, DDP's buckets hold one layer each and Dynamo splits the
         graph at them, so some layers' FX graphs repeat, as a transformer's do) |
         "broken" (3 layers of different widths with a graph break after each: three
@@ -44,6 +44,11 @@ Options:
         others run theirs), "save:<url>" (save this rank's bundle after the steps) or
         "load:<url>" (load the bundle before compiling)
     pg_timeout_s: the process group's timeout (gloo's collectives time out after it)
+    model_file: a Python file defining ``Model`` (no arguments), used as the model
+        (imported by its file name, so an edited file is a changed model source)
+    dtype: "float64" runs the model and its inputs in double precision
+    fsdp_blocks: shard the model with FSDP2 and compile each of its blocks apart
+        (``fully_shard`` and ``module.compile()`` per block, the torchtitan pattern)
     start_after: a path; run the steps only once it exists
     touch_after_steps: a path to create once the steps are done
 """
@@ -66,7 +71,7 @@ import torch.distributed as dist
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import coordinator
-from coordinator.testing import inductor_counters
+from coordinator.testing import frames_traced, inductor_counters
 
 
 def count_cpp_builds() -> dict[str, int]:
@@ -239,6 +244,13 @@ def make_model(kind: str, rank: int) -> torch.nn.Module:
         return torch.nn.Sequential(*layers)
     if kind == "broken":
         return Broken()
+    if kind == "blocks":
+        return torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()) for _ in range(2)))
+    if kind.endswith(".py"):
+        import importlib
+
+        sys.path.insert(0, os.path.dirname(kind))
+        return importlib.import_module(os.path.basename(kind)[:-3]).Model()
     width = 32 + (8 * rank if kind == "rank_dependent" else 0)
     return torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.GELU(), torch.nn.Linear(width, 4))
 
@@ -350,13 +362,31 @@ def main() -> None:
         host, port = options["external_store"].rsplit(":", 1)
         store = dist.TCPStore(host, int(port), is_master=False)
 
-    kind = options.get("model", "mlp")
-    model = make_model(kind, rank)
-    reference = make_model(kind, rank)
+    kind = options.get("model_file") or options.get("model", "mlp")
+    dtype = getattr(torch, options.get("dtype", "float32"))
+    model = make_model(kind, rank).to(dtype)
+    reference = make_model(kind, rank).to(dtype)
     if kind == "collective":
         model, reference = WithAllReduce(model), WithAllReduce(reference)
-    # Compile the module, then wrap it: on torch 2.13 Dynamo skips DDP's own forward.
-    compiled = torch.compile(model)
+    bundle = options.get("bundle", "")
+    bundle_result = None
+    if bundle.startswith("load:"):
+        bundle_result = coordinator.load_bundle(bundle[len("load:"):])
+    session = contextlib.ExitStack()
+    if options.get("coordinator", True):
+        # Entered before torch.compile: a function is packaged (``precompile``) only if
+        # compiled while the session is on.
+        session.enter_context(coordinator.compile_once(store))
+    if options.get("fsdp_blocks"):
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model:
+            fully_shard(block)
+            block.compile()
+        compiled = fully_shard(model)
+    else:
+        # Compile the module, then wrap it: on torch 2.13 Dynamo skips DDP's own forward.
+        compiled = torch.compile(model)
     if options.get("ddp"):
         compiled = torch.nn.parallel.DistributedDataParallel(compiled, bucket_cap_mb=options.get("bucket_cap_mb", 25))
 
@@ -369,6 +399,7 @@ def main() -> None:
         batches = [torch.randn(n, 3, 8, 8) for n in shapes]
     else:
         batches = [torch.randn(n, 512 if kind in ("repeated", "split_mlp") else 16) for n in shapes]
+    batches = [x.to(dtype) for x in batches]
     losses, ref_losses, step_times, grad_norms = [], [], [], []
     # An optimizer step that changes nothing (lr 0): marks each step in a coordinator trace.
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0) if options.get("optimizer") else None
@@ -392,12 +423,7 @@ def main() -> None:
         if options.get("touch_after_steps"):
             open(options["touch_after_steps"], "w").close()
 
-    bundle = options.get("bundle", "")
-    bundle_result = None
-    if bundle.startswith("load:"):
-        bundle_result = coordinator.load_bundle(bundle[len("load:"):])
-    context = coordinator.compile_once(store) if options.get("coordinator", True) else contextlib.nullcontext()
-    with context:
+    with session:
         if bundle == "broadcast":
             if rank == 0:
                 run_steps()
@@ -417,6 +443,7 @@ def main() -> None:
             "split_graphs": split_record,
             "cpp_builds": builds,
             "inductor": inductor_counters(),
+            "frames_traced": frames_traced(),
             "bundle": bundle_result,
         }
     result["stats"] = coordinator.stats()

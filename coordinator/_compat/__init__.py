@@ -72,6 +72,16 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``ddp_optimizer_ctx``, ``ShapeEnv.deserialize_symexpr``. Read from the sources of
   2.11.0, 2.13.0 and 2.14.1; the tests (``tests/test_split_graphs.py``) ran on all three
   on CPU; on 2.11.0 on an H100 (the restart benchmark, the GPU tier).
+* ``precompile``: Dynamo's precompiled functions (``precompiled_functions``,
+  ``package_bytes``; ``PRECOMPILE_VERSIONS`` lists where it is offered):
+  ``torch._dynamo.config.caching_precompile``, ``DynamoCache.load``/``record_package``,
+  ``CompilePackage.install``/``uninstall``/``cache_entry``/``source_id_from_fn``/
+  ``_codes``/``_innermost_fn``/``_initialized``, ``PrecompileCacheEntry``,
+  ``PrecompileContext.record_artifact``/``serialize_artifact_by_key``,
+  ``package._hash_sourcelines``, ``bytecode_transformation._unique_id_counter``,
+  ``guards.GuardsStatePickler._unpickle_tensor``, ``guards._Missing``. Read from the
+  sources of 2.11.0, 2.13.0 and 2.14.1; the tests (``tests/test_precompiled.py``) ran on
+  2.13.0 and 2.14.1 on CPU; on 2.11.0 on an H100 (the restart benchmark).
 * ``counters``: for the tests and benchmarks only (``coordinator.testing``; ran on 2.13.0 and
   2.14.1 in the CPU suite, on 2.11.0 in the GPU tier on an H100 and an H200): cubins Triton
   compiles (``FileCacheManager.put``) and Inductor's counters (``torch._dynamo.utils.counters``).
@@ -99,7 +109,7 @@ from coordinator._compat.caches import (
     routable_kinds,
     routed_remote_caches,
 )
-from coordinator._compat.counters import count_triton_compiles, inductor_counters
+from coordinator._compat.counters import count_triton_compiles, frames_traced, inductor_counters
 from coordinator._compat.distributed import default_c10d_store, extend_nccl_timeouts, has_nccl_process_group
 from coordinator._compat.fx_graph import (
     bundles_of_final_kernels,
@@ -113,6 +123,12 @@ from coordinator._compat.guards import (
     RANK_READS_IGNORED_MODULES,
     collective_switches_off,
     rank_reads,
+)
+from coordinator._compat.precompile import (
+    PRECOMPILE_VERSIONS,
+    package_bytes,
+    precompile_unsupported,
+    precompiled_functions,
 )
 from coordinator._compat.select_algorithm import device_name, precompile_choices_in_process
 from coordinator._compat.split_graphs import (
@@ -138,6 +154,7 @@ __all__ = [
     "CACHE_KINDS",
     "CacheKind",
     "NO_REDIS_URL",
+    "PRECOMPILE_VERSIONS",
     "RANK_READS_FOR_LOGGING",
     "RANK_READS_IGNORED_MODULES",
     "SPLIT_GRAPH_VERSIONS",
@@ -158,6 +175,7 @@ __all__ = [
     "emit_structured",
     "defer_autotune_save",
     "extend_nccl_timeouts",
+    "frames_traced",
     "fx_graph_lookups",
     "fx_graph_remote_value",
     "has_nccl_process_group",
@@ -165,6 +183,9 @@ __all__ = [
     "inductor_counters",
     "kernel_autotune_cache",
     "on_compile_end",
+    "package_bytes",
+    "precompile_unsupported",
+    "precompiled_functions",
     "process_compile_seconds",
     "precompile_choices_in_process",
     "rank_reads",

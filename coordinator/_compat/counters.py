@@ -30,3 +30,11 @@ def inductor_counters() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
     return dict(counters["inductor"])
+
+
+def frames_traced() -> int:
+    """Frames Dynamo's callback handled in this process (traced, or found nothing to
+    compile); a function installed from a precompiled package adds none."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["total"])

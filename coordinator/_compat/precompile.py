@@ -1,0 +1,229 @@
+"""Dynamo's precompiled functions: a function installed from a package, without tracing.
+
+With ``torch._dynamo.config.caching_precompile`` on, each ``torch.compile`` of a function
+(or module) made while it is on gets a ``CompilePackage``: every frame Dynamo traces
+for it (the function, its graph-break resume functions, each recompile) is recorded with
+its guards and its transformed bytecode, and AOTAutograd records each graph's compiled
+forward and backward (a ``BundledAOTAutogradCacheArtifact``, Triton kernels included)
+once its backward is compiled. At the next ``torch.compile`` of the same function,
+``DynamoCache.load(fn)`` returns the saved ``PrecompileCacheEntry`` and the package
+installs it: the compiled graphs into the module's globals and the guarded bytecode
+onto the function's code object, so its first call runs compiled code with no tracing.
+A call whose guards fail is traced as usual.
+
+:func:`precompiled_functions` routes that load to the coordinator (``load``, given the
+package's source id, returns verified pickle bytes or ``None``; ``None`` falls back to
+torch's own disk cache, where a restored bundle puts packages) and reports each package
+Dynamo records (``recorded``). :func:`package_bytes` pickles one package once every
+graph in it has its backend. It also mends, for the duration, two things a loaded
+package gets wrong:
+
+* **A failing guard crashed the retrace** (``AssertionError: Name '__builtins_dict___0'
+  already exists in scope``): ``install`` puts the saving process's
+  ``__builtins_dict___<n>`` (and ``__compiled_fn_<n>``) names into the module's globals,
+  and this process's name counter (``bytecode_transformation._unique_id_counter``) then
+  generates the same names. After each install the counter is moved past the number of
+  every dunder global of the modules the package installed into (pytorch#196822
+  proposes the same upstream).
+* **A recompile after a backward did not load** (``TypeError: assigned grad expected to
+  be a Tensor or None but got grad of type _Missing``): the guard state pickles each
+  tensor's ``.grad``, and a parameter's gradient, which no guard reads, is pickled as a
+  ``_Missing`` placeholder that the unpickler then assigns. Read back as no gradient;
+  a gradient a guard reads is in the guard tree and pickled in full.
+* **A package that does not install** (another torch, Python, GPU or Triton, a changed
+  source): torch logs a warning and compiles fresh; the reason is reported through
+  ``on_install(source_id, error)`` instead, with ``error`` ``None`` on success.
+
+While on, caching precompile drops ``ID_MATCH``, ``CLOSURE_MATCH``, ``WEAKREF_ALIVE`` and
+``DICT_VERSION`` guards for every compile (torch warns about each): that is why it is off
+unless asked for (``Config.precompile``).
+
+Not for DDPOptimizer frames: ``_clone_with_backend`` (``convert_frame.py``) builds their
+converter without the package, so nothing is recorded for them and they are traced.
+
+Private names (2.11.0, 2.13.0, 2.14.1): ``torch._dynamo.config.caching_precompile``,
+``torch._dynamo.package``: ``DynamoCache`` (``load``, ``record_package``, the module
+instance), ``CompilePackage`` (``install``, ``source_id``, ``source_id_from_fn``,
+``cache_entry``, ``_codes``, ``_current_entry``, ``_innermost_fn``, ``_initialized``), ``PrecompileCacheEntry``;
+``precompile_context.PrecompileContext`` (``_dynamo_cache_entries``,
+``serialize_artifact_by_key``, ``record_artifact``);
+``bytecode_transformation._unique_id_counter``, ``package._hash_sourcelines``,
+``guards.GuardsStatePickler._unpickle_tensor``, ``guards._Missing``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import pickle
+import re
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Torch versions (major, minor) whose sources this was read from and whose tests pass.
+PRECOMPILE_VERSIONS = ((2, 11), (2, 13), (2, 14))
+
+_NUMBERED = re.compile(r"_(\d+)$")
+
+
+def precompile_unsupported() -> str | None:
+    """Why this torch gets no precompiled functions, or ``None``."""
+    import torch
+
+    version = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
+    if version not in PRECOMPILE_VERSIONS:
+        return f"torch {torch.__version__} is not among the versions checked ({PRECOMPILE_VERSIONS})"
+    try:
+        import torch._dynamo.package  # noqa: F401
+        from torch._dynamo.precompile_context import PrecompileContext  # noqa: F401
+    except ImportError as exc:
+        return f"torch._dynamo.package is missing ({exc})"
+    return None
+
+
+def package_key(fn: Callable[..., Any]) -> str | None:
+    """The key of ``fn``'s package: torch's (its qualified name and first line) and a
+    hash of its source, so an edited function never gets an old package (torch checks
+    the sources it inlined, not the function's own); ``None`` without a source."""
+    import hashlib
+    import inspect
+
+    from torch._dynamo.eval_frame import innermost_fn
+    from torch._dynamo.package import CompilePackage
+
+    fn = innermost_fn(fn)
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return None
+    return f"{CompilePackage.source_id_from_fn(fn)}-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
+
+
+def _check_entry(entry: Any) -> None:
+    """Raise ``RuntimeError`` where torch's ``CompilePackage.initialize`` would: another
+    system (Python, torch, CUDA, Triton, GPU) or an edited inlined source."""
+    import importlib
+
+    from torch._dynamo.package import _hash_sourcelines
+
+    entry.dynamo.check_versions()
+    for code in entry.dynamo.source_info.inlined_sources:
+        module = importlib.import_module(code.module)
+        if _hash_sourcelines(module, code.firstlineno, code.lastlineno) != code.checksum:
+            raise RuntimeError(f"source changed: {code.module} lines {code.firstlineno}-{code.lastlineno}")
+
+
+def _advance_name_counter(names: Iterator[str]) -> None:
+    """Make this process's Dynamo name counter generate only numbers above ``names``'."""
+    import torch._dynamo.bytecode_transformation as bt
+
+    highest = max((int(m.group(1)) for name in names if (m := _NUMBERED.search(name))), default=-1)
+    current = next(bt._unique_id_counter)
+    bt._unique_id_counter = itertools.count(max(current, highest + 1))
+
+
+@contextlib.contextmanager
+def precompiled_functions(
+    load: Callable[[str], bytes | None],
+    recorded: Callable[[str, Any], None],
+    on_install: Callable[[str, BaseException | None], None],
+) -> Iterator[None]:
+    """Caching precompile on, its loads from ``load(package key)`` first, ``recorded(key,
+    package)`` told of each package Dynamo records, each install's outcome reported to
+    ``on_install(key, error)``; all restored on exit."""
+    import torch._dynamo.config as dynamo_config
+    import torch._dynamo.guards as guards_module
+    import torch._dynamo.package as package_module
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    cache = package_module.DynamoCache
+    package_class = package_module.CompilePackage
+    torch_load, torch_record, torch_install = cache.load, cache.record_package, package_class.install
+
+    def load_entry(fn: Callable[..., Any]) -> Any:
+        key = package_key(fn)
+        data = load(key) if key is not None else None
+        if data is None:
+            return torch_load(fn)
+        try:
+            entry = pickle.loads(data)
+            if not isinstance(entry, package_module.PrecompileCacheEntry):
+                raise TypeError(f"not a PrecompileCacheEntry: {type(entry).__name__}")
+            _check_entry(entry)
+        except Exception as exc:  # a verified value that does not fit: compile as usual
+            on_install(key, exc)
+            return None
+        for backend in entry.backends.values():  # later saves of this package need them
+            PrecompileContext.record_artifact(backend)
+        return entry
+
+    def record_package(package: Any) -> None:
+        torch_record(package)
+        key = package_key(package._innermost_fn)
+        if key is not None:
+            recorded(key, package)
+
+    def install(package: Any, backends: dict) -> None:
+        key = package_key(package._innermost_fn) or package.source_id
+        try:
+            torch_install(package, backends)
+        except Exception as exc:
+            # torch compiles fresh on a RuntimeError only, and only from a package that
+            # is not initialized: undo the install, then hand it back fresh.
+            on_install(key, exc)
+            package.uninstall()
+            package._initialized = False
+            raise RuntimeError(f"precompiled package {key} did not install: {exc}") from exc
+        finally:
+            modules = {sys.modules.get(code.python_module) for code in package._codes.values()}
+            _advance_name_counter(name for module in modules if module is not None
+                                  for name in list(vars(module)) if name.startswith("__"))
+        on_install(key, None)
+
+    pickler = guards_module.GuardsStatePickler
+    torch_unpickle_tensor = pickler.__dict__["_unpickle_tensor"]
+
+    def _unpickle_tensor(cls: type, meta: Any, device: Any, pytype: type, keys: int, grad: Any) -> Any:
+        # Named as torch's: guard states pickle this method by its name.
+        if isinstance(grad, guards_module._Missing):
+            grad = None
+        return torch_unpickle_tensor.__func__(cls, meta, device, pytype, keys, grad)
+
+    saved_flag = dynamo_config.caching_precompile
+    dynamo_config.caching_precompile = True
+    cache.load, cache.record_package, package_class.install = load_entry, record_package, install
+    pickler._unpickle_tensor = classmethod(_unpickle_tensor)
+    try:
+        yield
+    finally:
+        dynamo_config.caching_precompile = saved_flag
+        package_class.install = torch_install
+        pickler._unpickle_tensor = torch_unpickle_tensor
+        for name in ("load", "record_package"):
+            cache.__dict__.pop(name, None)
+
+
+def package_bytes(package: Any) -> tuple[bytes, int] | None:
+    """``package`` pickled, with its count of guarded entries, once every graph in it
+    has its compiled backend (a backward compiles at its first call) and no frame of it
+    is being compiled; ``None`` before."""
+    from torch._dynamo.package import PrecompileCacheEntry
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    if package._current_entry is not None:
+        return None
+    dynamo = package.cache_entry()
+    backends = {}
+    for backend_id in dynamo.backend_ids:
+        backend = PrecompileContext.serialize_artifact_by_key(backend_id)
+        if backend is None:
+            return None
+        backends[backend_id] = backend
+    entries = sum(len(code.guarded_codes) for code in dynamo.codes)
+    if entries == 0:
+        return None
+    return pickle.dumps(PrecompileCacheEntry(dynamo=dynamo, backends=backends)), entries

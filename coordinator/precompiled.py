@@ -1,0 +1,161 @@
+"""Precompiled functions: a compiled function shared whole, installed without tracing.
+
+The FX-graph and AOTAutograd caches spare a rank Inductor's and AOTAutograd's work, but
+each rank still runs Dynamo: it traces every frame's bytecode to find the graphs and
+their guards (4.4 s of a 7.3 s restart for an HF Llama on one H100). Torch's caching
+precompile records, per ``torch.compile``-d function, every frame Dynamo traced for it
+with its guards and transformed bytecode, plus each graph's compiled forward and
+backward: a *package* (``_compat.precompile``). With ``Config.precompile`` on:
+
+* **Publish.** When a compile ends, each package recorded since and complete (every
+  graph's backward compiled) is sealed (checksum, HMAC with a secret) with the C++
+  kernels this rank built or received (a package holds the kernels' source, not the
+  libraries: a fresh node would run the compiler for each) and published under its
+  key: the function's name, first line and a hash of its source, in the environment's
+  namespace. A package is republished when it grows (a graph break, a recompile at a
+  new shape); of the ranks that record the same growth, the first to say so publishes.
+  Never one of a process whose compiles read the rank (``coordinator.rank_dependence``).
+* **Install.** At ``torch.compile(fn)`` Dynamo asks for ``fn``'s package; a rank (of
+  this job or a later one on the same store) that finds it verifies it, writes its
+  kernels, and torch installs it: the first call runs compiled code, with no tracing.
+  Without one in the store, torch's own disk cache answers (where a restored bundle put
+  packages). Lookups never wait: a package is a shortcut, and a rank without one
+  traces as before, getting every graph from the other caches.
+* **Never wrong, never a crash.** A value that fails verification, a package of
+  another Python, torch, Triton, CUDA or GPU, an edited source, or one that fails to
+  install is a miss with a warning: the function is traced. A call whose guards fail
+  (another dtype or shape) is traced as Dynamo traces any new input.
+
+No wait is added, so no cycle can form. DDPOptimizer frames are never packaged (torch
+builds their converter without one); they keep being traced, and served by
+AOTAutograd's cache (``_compat.cached_split_graphs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from coordinator import _compat
+from coordinator.errors import IntegrityError, StoreError
+from coordinator.integrity import open_sealed
+from coordinator.trace import short_key
+
+if TYPE_CHECKING:
+    from coordinator.session import Session
+
+log = logging.getLogger(__name__)
+
+KIND = "precompile"
+
+
+@dataclasses.dataclass
+class PackageCounts:
+    """Precompiled functions installed without tracing, published, and refused."""
+
+    installed: int = 0
+    published: int = 0
+    failed: int = 0
+
+
+class PrecompiledFunctions:
+    """One process's packages: those it installed, and those it publishes."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._lock = threading.Lock()
+        #: Packages Dynamo recorded here since they were last published, by key.
+        self._recorded: dict[str, Any] = {}
+        #: Guarded entries of each package in the store as far as this rank knows.
+        self._known: dict[str, int] = {}
+        self.counts = PackageCounts()
+
+    def load(self, key: str) -> bytes | None:
+        """The verified package of ``key`` from the store, its kernels written; or ``None``."""
+        session = self._session
+        flight = session.flight()
+        if flight is None:
+            return None
+        store_key = session.store_key(KIND, key)
+        result = flight.lookup(store_key, blocking=False)
+        session.stats.record_lookup(result)
+        if result.value is None:
+            return None
+        try:
+            sealed = open_sealed(store_key, result.value, secret=session.config.secret)
+        except IntegrityError as exc:
+            log.warning("compile_once: rejected precompiled function %s from the store: %s; tracing it", key, exc)
+            session.events.instant("rejected", key=short_key(store_key), why=str(exc))
+            session.stats.record_miss(KIND, rejected=True)
+            return None
+        try:
+            written = session.kernels.emit(sealed.files) if sealed.files else 0
+        except OSError as exc:
+            log.warning("compile_once: could not write a package's kernels (%s); Inductor will compile them", exc)
+            written = 0
+        session.kernels.record(sealed.files, 0.0)
+        session.stats.record_hit(KIND, len(result.value), 0.0, 0.0, written)
+        session.events.instant("receive", key=short_key(store_key), bytes=len(result.value), kind=KIND)
+        with self._lock:
+            self._known[key] = sealed.meta.get("entries", 0)
+        return sealed.payload
+
+    def recorded(self, key: str, package: Any) -> None:
+        """Dynamo recorded (traced a frame of) the package of ``key``."""
+        with self._lock:
+            self._recorded[key] = package
+
+    def on_install(self, key: str, error: BaseException | None) -> None:
+        """Torch installed the package of ``key`` (``error`` ``None``) or could not."""
+        with self._lock:
+            if error is None:
+                self.counts.installed += 1
+            else:
+                self.counts.failed += 1
+                self._known.pop(key, None)
+        if error is not None:
+            log.warning("compile_once: precompiled function %s not installed (%s); tracing it", key, error)
+            self._session.stats.record_miss(KIND, rejected=True)
+
+    def publish_ready(self) -> None:
+        """Publish each recorded package that is complete and larger than the store's."""
+        try:
+            self._publish_ready()
+        except Exception:  # never let the coordinator fail a compile
+            log.warning("compile_once: publishing a precompiled function failed", exc_info=True)
+
+    def _publish_ready(self) -> None:
+        session = self._session
+        flight = session.flight()
+        if flight is None or not self._recorded:
+            return
+        if session.ranks.reads_in_compiles or session.ranks.marked:
+            if self._recorded:
+                log.info("compile_once: this process's compiles read the rank; its precompiled functions "
+                         "are not shared")
+                self._recorded.clear()
+            return
+        with self._lock:
+            recorded = list(self._recorded.items())
+        for key, package in recorded:
+            built = _compat.package_bytes(package)
+            if built is None:  # a backward not compiled yet: at a later compile's end
+                continue
+            data, entries = built
+            with self._lock:
+                self._recorded.pop(key, None)
+                if entries <= self._known.get(key, 0):
+                    continue
+                self._known[key] = entries
+            store_key = session.store_key(KIND, key)
+            try:
+                first = flight.store.add_if_absent(f"n/{store_key}/{entries}", b"1")
+            except StoreError as exc:  # the publish below finds the store failed and records it
+                log.debug("could not mark package %s: %s", key, exc)
+                first = True
+            if first:
+                files = session.kernels.read_recorded()
+                session.publish(flight, KIND, store_key, data, files, extra_meta={"entries": entries})
+                self.counts.published += 1
