@@ -7,6 +7,8 @@ Models are built from HuggingFace ``transformers`` configs (random init, no down
 
 * ``llama``: ``LlamaForCausalLM`` under DDP;
 * ``llama-dynamic``: the same, ``torch.compile(dynamic=True)``;
+* ``llama-solo``: the same without DDP (each rank all-reduces its gradients itself,
+  outside the compiled model), so no frame is split by DDPOptimizer;
 * ``bert``: ``BertForMaskedLM`` under DDP (dropout on);
 * ``convnext``: ``ConvNextForImageClassification`` under DDP;
 * ``qwen-fsdp``: ``Qwen2ForCausalLM`` under FSDP2, ``fully_shard`` and ``compile`` per decoder
@@ -33,7 +35,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-MODELS = ("llama", "llama-dynamic", "bert", "convnext", "qwen-fsdp")
+MODELS = ("llama", "llama-dynamic", "llama-solo", "bert", "convnext", "qwen-fsdp")
 #: Model sizes: "bench" for benchmarks/model_suite.py, "tiny" for the tests.
 SIZES = {
     "bench": {"hidden": 128, "layers": 2, "heads": 4, "vocab": 512, "batch": 4, "seq": (32, 48), "image": 64},
@@ -144,7 +146,7 @@ def main() -> None:
     else:
         # Compile the module, then wrap it (on torch 2.13 Dynamo skips DDP's own forward).
         compiled = torch.compile(model, dynamic=True if args.model == "llama-dynamic" else None)
-        runner = torch.nn.parallel.DistributedDataParallel(compiled)
+        runner = compiled if args.model == "llama-solo" else torch.nn.parallel.DistributedDataParallel(compiled)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     shapes = [0] * args.steps + [1]
@@ -154,6 +156,10 @@ def main() -> None:
     for step, shape in enumerate(shapes):
         loss = runner(**batch(args.model, size, step, shape, device)).loss
         loss.backward()
+        if args.model == "llama-solo" and world > 1:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= world
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())  # syncs the device
@@ -175,6 +181,7 @@ def main() -> None:
         "fx_misses": counters["inductor"].get("fxgraph_cache_miss", 0),
         "fx_hits": counters["inductor"].get("fxgraph_cache_hit", 0),
         "aot_autograd": dict(counters["aot_autograd"]),
+        "frames_traced": counters["frames"]["total"],
         # Seconds inside torch.compile: ``entire_frame_compile`` (Dynamo, AOTAutograd and
         # Inductor for each frame) and ``total_wall_time`` (with the lazy backward compiles).
         "compile_s": calculate_time_spent(),

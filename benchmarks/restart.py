@@ -57,6 +57,8 @@ def run_job(name: str, model: str, n: int, dirs: dict[str, Path], args: argparse
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if ours:
         env["COORDINATOR_STORE"] = f"file://{dirs['store']}"
+        if args.precompile:
+            env["COORDINATOR_PRECOMPILE"] = "1"
     if args.gpu and n > 1:
         env["SUITE_BACKEND"] = "gloo"
     begin = time.perf_counter()
@@ -83,6 +85,7 @@ def row(job: dict, stock_restart_s: float, cold_losses: list[str]) -> dict:
         "compile_all_s": [r["compile_s"].get("total_wall_time", 0.0) for r in ranks],
         "aot": aot, "served": served, "loads_s": ranks[0].get("module_loads_s", 0.0),
         "losses_apart": max(loss_difference(r["losses"], cold_losses) for r in ranks),
+        "frames": sum(r.get("frames_traced", 0) for r in ranks),
     }
 
 
@@ -103,14 +106,15 @@ def markdown(args: argparse.Namespace, raw: dict, table: list[dict]) -> str:
         "empty one.",
         "",
         "| model | N | job | wall (s) | ÷ stock restart | compile inside, per rank (s) | AOT hit / miss / bypass | "
-        "DDP split graphs served | module loads, rank 0 (s) | losses vs its cold job |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "DDP split graphs served | frames traced, all ranks | module loads, rank 0 (s) | losses vs its cold job |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
         compile_s = ", ".join(f"{a:.1f} ({b:.1f})" for a, b in zip(r["compile_s"], r["compile_all_s"], strict=True))
         lines.append(
             f"| {r['model']} | {r['n']} | {r['job']} | {r['wall_s']:.1f} | {r['ratio']:.2f}× | {compile_s} | "
-            f"{r['aot']['hit']} / {r['aot']['miss']} / {r['aot']['bypass']} | {r['served']} | {r['loads_s']:.2f} | "
+            f"{r['aot']['hit']} / {r['aot']['miss']} / {r['aot']['bypass']} | {r['served']} | {r.get('frames', '')} | "
+            f"{r['loads_s']:.2f} | "
             f"{'equal' if r['losses_apart'] == 0 else format(r['losses_apart'], '.0e') + ' apart'} |"
         )
     return "\n".join(lines) + "\n"
@@ -124,6 +128,7 @@ def main() -> None:
     p.add_argument("--size", default="bench")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--gpu", action="store_true", help="ranks share cuda:0 (gloo for N > 1)")
+    p.add_argument("--precompile", action="store_true", help="ours with precompiled functions (setting precompile)")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--job-logs", default=None, metavar="DIR", help="keep each job's output in DIR")
     p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))

@@ -66,8 +66,10 @@ class PrecompiledFunctions:
     def __init__(self, session: Session) -> None:
         self._session = session
         self._lock = threading.Lock()
-        #: Packages Dynamo recorded here since they were last published, by key.
-        self._recorded: dict[str, Any] = {}
+        #: Packages Dynamo recorded here, by key (one per ``torch.compile`` of the function).
+        self._packages: dict[str, list[Any]] = {}
+        #: Keys recorded since they were last published.
+        self._recorded: set[str] = set()
         #: Guarded entries of each package in the store as far as this rank knows.
         self._known: dict[str, int] = {}
         self.counts = PackageCounts()
@@ -105,7 +107,10 @@ class PrecompiledFunctions:
     def recorded(self, key: str, package: Any) -> None:
         """Dynamo recorded (traced a frame of) the package of ``key``."""
         with self._lock:
-            self._recorded[key] = package
+            same = self._packages.setdefault(key, [])
+            if not any(p is package for p in same):
+                same.append(package)
+            self._recorded.add(key)
 
     def on_install(self, key: str, error: BaseException | None) -> None:
         """Torch installed the package of ``key`` (``error`` ``None``) or could not."""
@@ -138,14 +143,14 @@ class PrecompiledFunctions:
                 self._recorded.clear()
             return
         with self._lock:
-            recorded = list(self._recorded.items())
-        for key, package in recorded:
-            built = _compat.package_bytes(package)
+            recorded = [(key, list(self._packages[key])) for key in self._recorded]
+        for key, packages in recorded:
+            built = _compat.package_bytes(packages)
             if built is None:  # a backward not compiled yet: at a later compile's end
                 continue
             data, entries = built
             with self._lock:
-                self._recorded.pop(key, None)
+                self._recorded.discard(key)
                 if entries <= self._known.get(key, 0):
                     continue
                 self._known[key] = entries

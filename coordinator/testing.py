@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 from coordinator._compat import count_triton_compiles, frames_traced, inductor_counters
 
-__all__ = ["GPT", "Block", "count_triton_compiles", "frames_traced", "free_port", "inductor_counters", "open_test_store",
-           "redis_server_binary"]
+__all__ = ["GPT", "Block", "count_triton_compiles", "frames_traced", "free_port", "inductor_counters",
+           "open_test_store", "redis_server_binary"]
 
 
 class Block(nn.Module):

@@ -7,7 +7,8 @@ counters, how many C++ compiler runs this process made, and ``coordinator.stats(
 
 Options:
     store: store spec for compile_once (None = the job's TCPStore)
-    model: "mlp" | "blocks" (two Linear+GELU blocks, for ``fsdp_blocks``) | "rank_dependent" | "collective" | "repeated" (3 identical layers: with
+    model: "mlp" | "blocks" (two Linear+GELU blocks, for ``fsdp_blocks``) | "rank_dependent" |
+        "collective" | "repeated" (3 identical layers: with
         ``bucket_cap_mb`` 1, DDP's buckets hold one layer each and Dynamo splits the
         graph at them, so some layers' FX graphs repeat, as a transformer's do) |
         "broken" (3 layers of different widths with a graph break after each: three
@@ -204,6 +205,18 @@ class Broken(torch.nn.Module):
         return torch.nn.functional.gelu(self.layers[2](x))
 
 
+class LinearBlock(torch.nn.Module):
+    """A block of the "blocks" model: a class of the script's own, as a transformer's
+    layers are (Dynamo skips ``module.compile()`` of torch.nn's containers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.fc(x))
+
+
 class RankBakingPass(CustomGraphPass):
     """A post-grad pass that adds this rank to a graph's first output, as Inductor's
     bucketing passes bake rank-dependent offsets into code: the rank is read after the
@@ -245,7 +258,7 @@ def make_model(kind: str, rank: int) -> torch.nn.Module:
     if kind == "broken":
         return Broken()
     if kind == "blocks":
-        return torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()) for _ in range(2)))
+        return torch.nn.Sequential(LinearBlock(), LinearBlock())
     if kind.endswith(".py"):
         import importlib
 
@@ -381,8 +394,8 @@ def main() -> None:
         from torch.distributed.fsdp import fully_shard
 
         for block in model:
-            fully_shard(block)
             block.compile()
+            fully_shard(block)
         compiled = fully_shard(model)
     else:
         # Compile the module, then wrap it: on torch 2.13 Dynamo skips DDP's own forward.

@@ -1,4 +1,4 @@
-"""Dynamo's precompiled functions: a function installed from a package, without tracing.
+r"""Dynamo's precompiled functions: a function installed from a package, without tracing.
 
 With ``torch._dynamo.config.caching_precompile`` on, each ``torch.compile`` of a function
 (or module) made while it is on gets a ``CompilePackage``: every frame Dynamo traces
@@ -30,6 +30,11 @@ package gets wrong:
   tensor's ``.grad``, and a parameter's gradient, which no guard reads, is pickled as a
   ``_Missing`` placeholder that the unpickler then assigns. Read back as no gradient;
   a gradient a guard reads is in the guard tree and pickled in full.
+* **A block compiled before it is sharded did not load** (``KeyError`` in
+  ``_unpickle_fsdp_module_type``): FSDP2's per-block pattern (torchtitan's) compiles each
+  block, which installs its package, and only then ``fully_shard``\ s it, which makes the
+  ``FSDP<Block>`` class the guards name. That class is made first, exactly as
+  ``fully_shard`` makes it, and ``fully_shard`` then reuses it (:func:`fsdp_class`).
 * **A package that does not install** (another torch, Python, GPU or Triton, a changed
   source): torch logs a warning and compiles fresh; the reason is reported through
   ``on_install(source_id, error)`` instead, with ``error`` ``None`` on success.
@@ -48,7 +53,10 @@ instance), ``CompilePackage`` (``install``, ``source_id``, ``source_id_from_fn``
 ``precompile_context.PrecompileContext`` (``_dynamo_cache_entries``,
 ``serialize_artifact_by_key``, ``record_artifact``);
 ``bytecode_transformation._unique_id_counter``, ``package._hash_sourcelines``,
-``guards.GuardsStatePickler._unpickle_tensor``, ``guards._Missing``.
+``guards.GuardsStatePickler._unpickle_tensor``/``_unpickle_fsdp_module_type``,
+``guards._Missing``, ``fsdp._fully_shard._fully_shard`` (``get_cls_to_fsdp_cls``,
+``FSDPModule``, ``_unimplemented_deepcopy``; the class as ``_fsdp_init._apply_to_module``
+makes it).
 """
 
 from __future__ import annotations
@@ -193,37 +201,85 @@ def precompiled_functions(
             grad = None
         return torch_unpickle_tensor.__func__(cls, meta, device, pytype, keys, grad)
 
+    torch_unpickle_fsdp_type = pickler.__dict__["_unpickle_fsdp_module_type"]
+
+    def _unpickle_fsdp_module_type(cls: type, original_type: type) -> type:
+        # Named as torch's: guard states pickle this method by its name.
+        return fsdp_class(original_type)
+
     saved_flag = dynamo_config.caching_precompile
     dynamo_config.caching_precompile = True
     cache.load, cache.record_package, package_class.install = load_entry, record_package, install
     pickler._unpickle_tensor = classmethod(_unpickle_tensor)
+    pickler._unpickle_fsdp_module_type = classmethod(_unpickle_fsdp_module_type)
     try:
         yield
     finally:
         dynamo_config.caching_precompile = saved_flag
         package_class.install = torch_install
         pickler._unpickle_tensor = torch_unpickle_tensor
+        pickler._unpickle_fsdp_module_type = torch_unpickle_fsdp_type
         for name in ("load", "record_package"):
             cache.__dict__.pop(name, None)
 
 
-def package_bytes(package: Any) -> tuple[bytes, int] | None:
-    """``package`` pickled, with its count of guarded entries, once every graph in it
-    has its compiled backend (a backward compiles at its first call) and no frame of it
-    is being compiled; ``None`` before."""
+def fsdp_class(cls: type) -> type:
+    """FSDP2's class for modules of ``cls``, made as ``fully_shard`` makes it (and then
+    reuses) if no module of ``cls`` was sharded yet."""
+    from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp
+
+    classes = fsdp.get_cls_to_fsdp_cls()
+    if cls not in classes:
+        module = getattr(fsdp, "_apply_to_module", fsdp.fully_shard).__module__  # where fully_shard makes it
+        classes[cls] = type(f"FSDP{cls.__name__}", (fsdp.FSDPModule, cls),
+                            {"__deepcopy__": fsdp._unimplemented_deepcopy, "__module__": module})
+    return classes[cls]
+
+
+def package_bytes(packages: list[Any]) -> tuple[bytes, int] | None:
+    """The packages Dynamo recorded for one function, merged and pickled, with their
+    count of guarded entries; ``None`` until every graph in them has its compiled backend
+    (a backward compiles at its first call) and no frame of them is being compiled.
+
+    Each ``torch.compile`` of a function has a package of its own, and torch keeps one
+    per function (the last recorded): the blocks of a model compiled one by one
+    (``block.compile()``), whose inputs differ (the first block's input needs no grad),
+    would each find only its own entries. Merged, every block finds all.
+    """
+    import copy
+
     from torch._dynamo.package import PrecompileCacheEntry
     from torch._dynamo.precompile_context import PrecompileContext
 
-    if package._current_entry is not None:
+    if any(package._current_entry is not None for package in packages):
         return None
-    dynamo = package.cache_entry()
+    merged = None
+    for package in packages:
+        dynamo = package.cache_entry()
+        if merged is None:
+            merged = copy.copy(dynamo)
+            merged.codes = [copy.copy(code) for code in dynamo.codes]
+            for code in merged.codes:
+                code.guarded_codes, code.backend_ids = list(code.guarded_codes), list(code.backend_ids)
+            continue
+        by_code = {code.python_code: code for code in merged.codes}
+        for code in dynamo.codes:
+            into = by_code.get(code.python_code)
+            if into is None:
+                merged.codes.append(copy.copy(code))
+                continue
+            # A package installed from a merged one holds its entries already.
+            into.guarded_codes.extend(g for g in code.guarded_codes if g not in into.guarded_codes)
+            into.backend_ids.extend(b for b in code.backend_ids if b not in into.backend_ids)
+    if merged is None:
+        return None
     backends = {}
-    for backend_id in dynamo.backend_ids:
+    for backend_id in merged.backend_ids:
         backend = PrecompileContext.serialize_artifact_by_key(backend_id)
         if backend is None:
             return None
         backends[backend_id] = backend
-    entries = sum(len(code.guarded_codes) for code in dynamo.codes)
+    entries = sum(len(code.guarded_codes) for code in merged.codes)
     if entries == 0:
         return None
-    return pickle.dumps(PrecompileCacheEntry(dynamo=dynamo, backends=backends)), entries
+    return pickle.dumps(PrecompileCacheEntry(dynamo=merged, backends=backends)), entries
