@@ -119,15 +119,19 @@ def test_an_edited_model_source_is_traced(job, tmp_path):
     assert edited[0].report["losses"] != first[0].report["losses"]
 
 
-def test_fsdp2_blocks_are_installed_and_ddp_optimizer_frames_are_traced(job, tmp_path):
+def test_fsdp2_blocks_install_and_train_right_and_ddp_optimizer_frames_are_traced(job, tmp_path):
     store = f"file://{tmp_path / 'store'}"
+    # FSDP2 per block (compiled, then sharded): both blocks' packages install, merged
+    # into one (the blocks share their function). Their guards then fail at the first
+    # call on the torch versions checked, so the blocks are traced: right, no crash.
     fsdp = {"model": "blocks", "fsdp_blocks": True, "store": store}
     cold = job(2, fsdp, env=ON, name="fsdp-cold")
     require_success(cold)
+    assert sum(precompiled(r)["published"] for r in cold) == 1
     restart = job(2, fsdp, env=ON, name="fsdp-restart")
     require_success(restart)
     for r in restart:
-        assert r.report["frames_traced"] == 0 and precompiled(r)["installed"] >= 1, r.log[-3000:]
+        assert precompiled(r)["installed"] == 2 and precompiled(r)["failed"] == 0, r.log[-3000:]
         assert r.report["losses"] == cold[r.rank].report["losses"]
 
     # DDPOptimizer splits the frame: torch packages nothing for it; traced, no error.
