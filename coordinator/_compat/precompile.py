@@ -35,6 +35,11 @@ package gets wrong:
   block, which installs its package, and only then ``fully_shard``\ s it, which makes the
   ``FSDP<Block>`` class the guards name. That class is made first, exactly as
   ``fully_shard`` makes it, and ``fully_shard`` then reuses it (:func:`fsdp_class`).
+* **A frame whose guards do not serialize crashed its compile** (``AssertionError:
+  check_fn.guards_state must not be None``, an HF Qwen2 layer under FSDP2): the guard
+  builder catches the ``PackageError`` and bypasses the frame's package entry, leaving
+  no guard state, which ``convert_frame`` then asserts on. An empty state is given
+  instead; the bypassed entry drops it, so the frame is compiled and never packaged.
 * **A package that does not install** (another torch, Python, GPU or Triton, a changed
   source): torch logs a warning and compiles fresh; the reason is reported through
   ``on_install(source_id, error)`` instead, with ``error`` ``None`` on success.
@@ -54,7 +59,8 @@ instance), ``CompilePackage`` (``install``, ``source_id``, ``source_id_from_fn``
 ``serialize_artifact_by_key``, ``record_artifact``);
 ``bytecode_transformation._unique_id_counter``, ``package._hash_sourcelines``,
 ``guards.GuardsStatePickler._unpickle_tensor``/``_unpickle_fsdp_module_type``,
-``guards._Missing``, ``fsdp._fully_shard._fully_shard`` (``get_cls_to_fsdp_cls``,
+``guards._Missing``, ``guards.CheckFunctionManager.__init__`` (``save_guards``,
+``guards_state``), ``fsdp._fully_shard._fully_shard`` (``get_cls_to_fsdp_cls``,
 ``FSDPModule``, ``_unimplemented_deepcopy``; the class as ``_fsdp_init._apply_to_module``
 makes it).
 """
@@ -207,11 +213,23 @@ def precompiled_functions(
         # Named as torch's: guard states pickle this method by its name.
         return fsdp_class(original_type)
 
+    manager = guards_module.CheckFunctionManager
+    torch_manager_init = manager.__init__
+
+    def manager_init(self: Any, *args: Any, save_guards: bool = False, **kwargs: Any) -> None:
+        torch_manager_init(self, *args, save_guards=save_guards, **kwargs)
+        if save_guards and self.guards_state is None:
+            # Guard serialization failed and the output graph bypassed its package entry
+            # (``bypass_package``); an empty state lets convert_frame go on, and the
+            # bypassed entry ignores it.
+            self.guards_state = b""
+
     saved_flag = dynamo_config.caching_precompile
     dynamo_config.caching_precompile = True
     cache.load, cache.record_package, package_class.install = load_entry, record_package, install
     pickler._unpickle_tensor = classmethod(_unpickle_tensor)
     pickler._unpickle_fsdp_module_type = classmethod(_unpickle_fsdp_module_type)
+    manager.__init__ = manager_init
     try:
         yield
     finally:
@@ -219,6 +237,7 @@ def precompiled_functions(
         package_class.install = torch_install
         pickler._unpickle_tensor = torch_unpickle_tensor
         pickler._unpickle_fsdp_module_type = torch_unpickle_fsdp_type
+        manager.__init__ = torch_manager_init
         for name in ("load", "record_package"):
             cache.__dict__.pop(name, None)
 
