@@ -141,6 +141,49 @@ def _advance_name_counter(names: Iterator[str]) -> None:
 
 
 @contextlib.contextmanager
+def _guard_state_mends() -> Iterator[None]:
+    """The guard-state mends of the module docstring: ``_Missing`` grads, FSDP2 classes
+    of blocks not sharded yet, guards that do not serialize; restored on exit."""
+    import torch._dynamo.guards as guards_module
+
+    pickler = guards_module.GuardsStatePickler
+    torch_unpickle_tensor = pickler.__dict__["_unpickle_tensor"]
+
+    def _unpickle_tensor(cls: type, meta: Any, device: Any, pytype: type, keys: int, grad: Any) -> Any:
+        # Named as torch's: guard states pickle this method by its name.
+        if isinstance(grad, guards_module._Missing):
+            grad = None
+        return torch_unpickle_tensor.__func__(cls, meta, device, pytype, keys, grad)
+
+    torch_unpickle_fsdp_type = pickler.__dict__["_unpickle_fsdp_module_type"]
+
+    def _unpickle_fsdp_module_type(cls: type, original_type: type) -> type:
+        # Named as torch's: guard states pickle this method by its name.
+        return fsdp_class(original_type)
+
+    manager = guards_module.CheckFunctionManager
+    torch_manager_init = manager.__init__
+
+    def manager_init(self: Any, *args: Any, save_guards: bool = False, **kwargs: Any) -> None:
+        torch_manager_init(self, *args, save_guards=save_guards, **kwargs)
+        if save_guards and self.guards_state is None:
+            # Guard serialization failed and the output graph bypassed its package entry
+            # (``bypass_package``); an empty state lets convert_frame go on, and the
+            # bypassed entry ignores it.
+            self.guards_state = b""
+
+    pickler._unpickle_tensor = classmethod(_unpickle_tensor)
+    pickler._unpickle_fsdp_module_type = classmethod(_unpickle_fsdp_module_type)
+    manager.__init__ = manager_init
+    try:
+        yield
+    finally:
+        pickler._unpickle_tensor = torch_unpickle_tensor
+        pickler._unpickle_fsdp_module_type = torch_unpickle_fsdp_type
+        manager.__init__ = torch_manager_init
+
+
+@contextlib.contextmanager
 def precompiled_functions(
     load: Callable[[str], bytes | None],
     recorded: Callable[[str, Any], None],
@@ -150,7 +193,6 @@ def precompiled_functions(
     package)`` told of each package Dynamo records, each install's outcome reported to
     ``on_install(key, error)``; all restored on exit."""
     import torch._dynamo.config as dynamo_config
-    import torch._dynamo.guards as guards_module
     import torch._dynamo.package as package_module
     from torch._dynamo.precompile_context import PrecompileContext
 
@@ -198,46 +240,15 @@ def precompiled_functions(
                                   for name in list(vars(module)) if name.startswith("__"))
         on_install(key, None)
 
-    pickler = guards_module.GuardsStatePickler
-    torch_unpickle_tensor = pickler.__dict__["_unpickle_tensor"]
-
-    def _unpickle_tensor(cls: type, meta: Any, device: Any, pytype: type, keys: int, grad: Any) -> Any:
-        # Named as torch's: guard states pickle this method by its name.
-        if isinstance(grad, guards_module._Missing):
-            grad = None
-        return torch_unpickle_tensor.__func__(cls, meta, device, pytype, keys, grad)
-
-    torch_unpickle_fsdp_type = pickler.__dict__["_unpickle_fsdp_module_type"]
-
-    def _unpickle_fsdp_module_type(cls: type, original_type: type) -> type:
-        # Named as torch's: guard states pickle this method by its name.
-        return fsdp_class(original_type)
-
-    manager = guards_module.CheckFunctionManager
-    torch_manager_init = manager.__init__
-
-    def manager_init(self: Any, *args: Any, save_guards: bool = False, **kwargs: Any) -> None:
-        torch_manager_init(self, *args, save_guards=save_guards, **kwargs)
-        if save_guards and self.guards_state is None:
-            # Guard serialization failed and the output graph bypassed its package entry
-            # (``bypass_package``); an empty state lets convert_frame go on, and the
-            # bypassed entry ignores it.
-            self.guards_state = b""
-
     saved_flag = dynamo_config.caching_precompile
     dynamo_config.caching_precompile = True
     cache.load, cache.record_package, package_class.install = load_entry, record_package, install
-    pickler._unpickle_tensor = classmethod(_unpickle_tensor)
-    pickler._unpickle_fsdp_module_type = classmethod(_unpickle_fsdp_module_type)
-    manager.__init__ = manager_init
     try:
-        yield
+        with _guard_state_mends():
+            yield
     finally:
         dynamo_config.caching_precompile = saved_flag
         package_class.install = torch_install
-        pickler._unpickle_tensor = torch_unpickle_tensor
-        pickler._unpickle_fsdp_module_type = torch_unpickle_fsdp_type
-        manager.__init__ = torch_manager_init
         for name in ("load", "record_package"):
             cache.__dict__.pop(name, None)
 
