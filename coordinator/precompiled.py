@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pickle
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,7 @@ class PrecompiledFunctions:
         #: Guarded entries of each package in the store as far as this rank knows.
         self._known: dict[str, int] = {}
         self.counts = PackageCounts()
+        self._told_rank_read = False
 
     def load(self, key: str) -> bytes | None:
         """The verified package of ``key`` from the store, its kernels written; or ``None``."""
@@ -137,18 +139,19 @@ class PrecompiledFunctions:
         if flight is None or not self._recorded:
             return
         if session.ranks.reads_in_compiles or session.ranks.marked:
-            if self._recorded:
+            if not self._told_rank_read:
                 log.info("compile_once: this process's compiles read the rank; its precompiled functions "
                          "are not shared")
-                self._recorded.clear()
+                self._told_rank_read = True
+            self._recorded.clear()
             return
         with self._lock:
             recorded = [(key, list(self._packages[key])) for key in self._recorded]
         for key, packages in recorded:
-            built = _compat.package_bytes(packages)
-            if built is None:  # a backward not compiled yet: at a later compile's end
+            complete = _compat.complete_package(packages)
+            if complete is None:  # a backward not compiled yet: at a later compile's end
                 continue
-            data, entries = built
+            entry, entries = complete
             with self._lock:
                 self._recorded.discard(key)
                 if entries <= self._known.get(key, 0):
@@ -161,6 +164,6 @@ class PrecompiledFunctions:
                 log.debug("could not mark package %s: %s", key, exc)
                 first = True
             if first:
-                files = session.kernels.read_recorded()
-                session.publish(flight, KIND, store_key, data, files, extra_meta={"entries": entries})
+                session.publish(flight, KIND, store_key, pickle.dumps(entry), session.kernels.read_recorded(),
+                                extra_meta={"entries": entries})
                 self.counts.published += 1

@@ -8,12 +8,18 @@ model has a graph break after each layer (three frames), and the batch size chan
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import require_success
+from conftest import machine_env, require_success
+
+from coordinator.testing import free_port
 
 pytestmark = pytest.mark.skipif(
     __import__("coordinator._compat", fromlist=["x"]).precompile_unsupported() is not None,
@@ -143,3 +149,25 @@ def test_fsdp2_blocks_install_and_train_right_and_ddp_optimizer_frames_are_trace
     assert ddp_restart[0].report["frames_traced"] >= 1
     assert ddp_restart[0].report["losses"] == ddp_cold[0].report["losses"]
     assert "not installed" not in ddp_restart[0].log or precompiled(ddp_restart[0])["failed"] == 0
+
+
+def test_each_mend_gives_what_torchs_own_path_gives(tmp_path):
+    """``_compat.precompile``'s mends against torch's own path, in a fresh process."""
+    env = dict(os.environ, **machine_env(tmp_path), MASTER_PORT=str(free_port()),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    done = subprocess.run([sys.executable, str(Path(__file__).parent / "precompile_mends.py")], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    # A guard state that does not pickle crashed torch's compile; now compiled, not packaged.
+    compiled, eager, no_package = found["unpicklable_guard"]
+    assert compiled == eager and no_package
+    # The tensor of a guard state: as torch's, and a placeholder gradient (which torch's
+    # own unpickler refuses) read back as none.
+    assert found["torch_missing_grad"] == "TypeError"
+    ours, torchs, with_placeholder = found["tensor"]
+    assert ours == torchs == with_placeholder
+    # FSDP2's class: made early, fully_shard gives it to the module; made the same way
+    # (name, module, base, deepcopy) as fully_shard makes one; one made by fully_shard is reused.
+    same_class, made_early, made_by_torch, reused = found["fsdp"]
+    assert same_class and reused and made_early[1:] == made_by_torch[1:]

@@ -73,15 +73,17 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   2.11.0, 2.13.0 and 2.14.1; the tests (``tests/test_split_graphs.py``) ran on all three
   on CPU; on 2.11.0 on an H100 (the restart benchmark, the GPU tier).
 * ``precompile``: Dynamo's precompiled functions (``precompiled_functions``,
-  ``package_bytes``; ``PRECOMPILE_VERSIONS`` lists where it is offered):
+  ``complete_package``; ``PRECOMPILE_VERSIONS`` lists where it is offered):
   ``torch._dynamo.config.caching_precompile``, ``DynamoCache.load``/``record_package``,
   ``CompilePackage.install``/``uninstall``/``cache_entry``/``source_id_from_fn``/
   ``_codes``/``_innermost_fn``/``_initialized``, ``PrecompileCacheEntry``,
   ``PrecompileContext.record_artifact``/``serialize_artifact_by_key``,
   ``package._hash_sourcelines``, ``bytecode_transformation._unique_id_counter``,
-  ``guards.GuardsStatePickler._unpickle_tensor``, ``guards._Missing``. Read from the
+  ``guards.GuardsStatePickler._unpickle_tensor``/``_unpickle_fsdp_module_type``,
+  ``guards._Missing``, ``guards.CheckFunctionManager.__init__``, FSDP2's
+  ``get_cls_to_fsdp_cls``/``FSDPModule``/``_unimplemented_deepcopy``. Read from the
   sources of 2.11.0, 2.13.0 and 2.14.1; the tests (``tests/test_precompiled.py``) ran on
-  2.13.0 and 2.14.1 on CPU; on 2.11.0 on an H100 (the restart benchmark).
+  2.13.0 and 2.14.1 on CPU; on 2.11.0 on an H200 (the restart benchmark, HF Llama).
 * ``counters``: for the tests and benchmarks only (``coordinator.testing``; ran on 2.13.0 and
   2.14.1 in the CPU suite, on 2.11.0 in the GPU tier on an H100 and an H200): cubins Triton
   compiles (``FileCacheManager.put``) and Inductor's counters (``torch._dynamo.utils.counters``).
@@ -126,7 +128,7 @@ from coordinator._compat.guards import (
 )
 from coordinator._compat.precompile import (
     PRECOMPILE_VERSIONS,
-    package_bytes,
+    complete_package,
     precompile_unsupported,
     precompiled_functions,
 )
@@ -164,6 +166,7 @@ __all__ = [
     "bundles_of_final_kernels",
     "cached_split_graphs",
     "collective_switches_off",
+    "complete_package",
     "compile_workers_without_redis",
     "count_triton_compiles",
     "cpu_kernels_resolved",
@@ -183,7 +186,6 @@ __all__ = [
     "inductor_counters",
     "kernel_autotune_cache",
     "on_compile_end",
-    "package_bytes",
     "precompile_unsupported",
     "precompiled_functions",
     "process_compile_seconds",

@@ -14,9 +14,9 @@ A call whose guards fail is traced as usual.
 :func:`precompiled_functions` routes that load to the coordinator (``load``, given the
 package's source id, returns verified pickle bytes or ``None``; ``None`` falls back to
 torch's own disk cache, where a restored bundle puts packages) and reports each package
-Dynamo records (``recorded``). :func:`package_bytes` pickles one package once every
-graph in it has its backend. It also mends, for the duration, two things a loaded
-package gets wrong:
+Dynamo records (``recorded``). :func:`complete_package` merges the packages of one
+function once every graph in them has its backend. It also mends, for the duration,
+what torch's precompile gets wrong:
 
 * **A failing guard crashed the retrace** (``AssertionError: Name '__builtins_dict___0'
   already exists in scope``): ``install`` puts the saving process's
@@ -35,11 +35,13 @@ package gets wrong:
   block, which installs its package, and only then ``fully_shard``\ s it, which makes the
   ``FSDP<Block>`` class the guards name. That class is made first, exactly as
   ``fully_shard`` makes it, and ``fully_shard`` then reuses it (:func:`fsdp_class`).
-* **A frame whose guards do not serialize crashed its compile** (``AssertionError:
-  check_fn.guards_state must not be None``, an HF Qwen2 layer under FSDP2): the guard
-  builder catches the ``PackageError`` and bypasses the frame's package entry, leaving
-  no guard state, which ``convert_frame`` then asserts on. An empty state is given
-  instead; the bypassed entry drops it, so the frame is compiled and never packaged.
+* **A frame whose guards do not serialize crashed its compile**: an object in the guard
+  state that does not pickle (a ``threading.local``) raised out of ``serialize_guards``,
+  which catches only its own ``PackageError`` (now raised for any failure); and on a
+  ``PackageError`` (an HF Qwen2 layer under FSDP2) the guard builder bypasses the
+  frame's package entry, leaving no guard state, which ``convert_frame`` then asserts on
+  (``check_fn.guards_state must not be None``). An empty state is given instead; the
+  bypassed entry drops it, so the frame is compiled and never packaged.
 * **A package that does not install** (another torch, Python, GPU or Triton, a changed
   source): torch logs a warning and compiles fresh; the reason is reported through
   ``on_install(source_id, error)`` instead, with ``error`` ``None`` on success.
@@ -51,18 +53,18 @@ unless asked for (``Config.precompile``).
 Not for DDPOptimizer frames: ``_clone_with_backend`` (``convert_frame.py``) builds their
 converter without the package, so nothing is recorded for them and they are traced.
 
-Private names (2.11.0, 2.13.0, 2.14.1): ``torch._dynamo.config.caching_precompile``,
+Private names (2.11.0, 2.13.0, 2.14.1): ``torch._dynamo.config.caching_precompile``;
 ``torch._dynamo.package``: ``DynamoCache`` (``load``, ``record_package``, the module
-instance), ``CompilePackage`` (``install``, ``source_id``, ``source_id_from_fn``,
-``cache_entry``, ``_codes``, ``_current_entry``, ``_innermost_fn``, ``_initialized``), ``PrecompileCacheEntry``;
-``precompile_context.PrecompileContext`` (``_dynamo_cache_entries``,
-``serialize_artifact_by_key``, ``record_artifact``);
-``bytecode_transformation._unique_id_counter``, ``package._hash_sourcelines``,
-``guards.GuardsStatePickler._unpickle_tensor``/``_unpickle_fsdp_module_type``,
-``guards._Missing``, ``guards.CheckFunctionManager.__init__`` (``save_guards``,
-``guards_state``), ``fsdp._fully_shard._fully_shard`` (``get_cls_to_fsdp_cls``,
-``FSDPModule``, ``_unimplemented_deepcopy``; the class as ``_fsdp_init._apply_to_module``
-makes it).
+instance), ``CompilePackage`` (``install``, ``uninstall``, ``source_id``,
+``source_id_from_fn``, ``cache_entry``, ``_codes``, ``_current_entry``, ``_innermost_fn``,
+``_initialized``), ``PrecompileCacheEntry``, ``_hash_sourcelines``;
+``precompile_context.PrecompileContext`` (``serialize_artifact_by_key``,
+``record_artifact``); ``bytecode_transformation._unique_id_counter``;
+``guards.GuardsStatePickler`` (``_unpickle_tensor``, ``_unpickle_fsdp_module_type``),
+``guards._Missing``, ``guards.CheckFunctionManager`` (``__init__`` with ``save_guards``,
+``guards_state``, ``serialize_guards``), ``exc.PackageError``;
+``fsdp._fully_shard._fully_shard`` (``get_cls_to_fsdp_cls``, ``FSDPModule``,
+``_unimplemented_deepcopy``; the class as ``_fsdp_init._apply_to_module`` makes it).
 """
 
 from __future__ import annotations
@@ -145,6 +147,7 @@ def _guard_state_mends() -> Iterator[None]:
     """The guard-state mends of the module docstring: ``_Missing`` grads, FSDP2 classes
     of blocks not sharded yet, guards that do not serialize; restored on exit."""
     import torch._dynamo.guards as guards_module
+    from torch._dynamo.exc import PackageError
 
     pickler = guards_module.GuardsStatePickler
     torch_unpickle_tensor = pickler.__dict__["_unpickle_tensor"]
@@ -163,6 +166,15 @@ def _guard_state_mends() -> Iterator[None]:
 
     manager = guards_module.CheckFunctionManager
     torch_manager_init = manager.__init__
+    torch_serialize = manager.serialize_guards
+
+    def serialize_guards(self: Any, *args: Any, **kwargs: Any) -> bytes:
+        try:
+            return torch_serialize(self, *args, **kwargs)
+        except PackageError:
+            raise
+        except Exception as exc:  # an object of the guard state that does not pickle
+            raise PackageError(f"guard state does not serialize: {exc}") from exc
 
     def manager_init(self: Any, *args: Any, save_guards: bool = False, **kwargs: Any) -> None:
         torch_manager_init(self, *args, save_guards=save_guards, **kwargs)
@@ -174,13 +186,13 @@ def _guard_state_mends() -> Iterator[None]:
 
     pickler._unpickle_tensor = classmethod(_unpickle_tensor)
     pickler._unpickle_fsdp_module_type = classmethod(_unpickle_fsdp_module_type)
-    manager.__init__ = manager_init
+    manager.__init__, manager.serialize_guards = manager_init, serialize_guards
     try:
         yield
     finally:
         pickler._unpickle_tensor = torch_unpickle_tensor
         pickler._unpickle_fsdp_module_type = torch_unpickle_fsdp_type
-        manager.__init__ = torch_manager_init
+        manager.__init__, manager.serialize_guards = torch_manager_init, torch_serialize
 
 
 @contextlib.contextmanager
@@ -266,10 +278,11 @@ def fsdp_class(cls: type) -> type:
     return classes[cls]
 
 
-def package_bytes(packages: list[Any]) -> tuple[bytes, int] | None:
-    """The packages Dynamo recorded for one function, merged and pickled, with their
-    count of guarded entries; ``None`` until every graph in them has its compiled backend
-    (a backward compiles at its first call) and no frame of them is being compiled.
+def complete_package(packages: list[Any]) -> tuple[Any, int] | None:
+    """The packages Dynamo recorded for one function, merged into one
+    ``PrecompileCacheEntry`` (a pickle, for the store), with their count of guarded
+    entries; ``None`` until every graph in them has its compiled backend (a backward
+    compiles at its first call) and no frame of them is being compiled.
 
     Each ``torch.compile`` of a function has a package of its own, and torch keeps one
     per function (the last recorded): the blocks of a model compiled one by one
@@ -281,28 +294,25 @@ def package_bytes(packages: list[Any]) -> tuple[bytes, int] | None:
     from torch._dynamo.package import PrecompileCacheEntry
     from torch._dynamo.precompile_context import PrecompileContext
 
-    if any(package._current_entry is not None for package in packages):
+    def own(code: Any) -> Any:  # a copy whose lists the merge may extend
+        code = copy.copy(code)
+        code.guarded_codes, code.backend_ids = list(code.guarded_codes), list(code.backend_ids)
+        return code
+
+    if not packages or any(package._current_entry is not None for package in packages):
         return None
-    merged = None
-    for package in packages:
-        dynamo = package.cache_entry()
-        if merged is None:
-            merged = copy.copy(dynamo)
-            merged.codes = [copy.copy(code) for code in dynamo.codes]
-            for code in merged.codes:
-                code.guarded_codes, code.backend_ids = list(code.guarded_codes), list(code.backend_ids)
-            continue
+    merged = copy.copy(packages[0].cache_entry())
+    merged.codes = [own(code) for code in merged.codes]
+    for package in packages[1:]:
         by_code = {code.python_code: code for code in merged.codes}
-        for code in dynamo.codes:
+        for code in package.cache_entry().codes:
             into = by_code.get(code.python_code)
             if into is None:
-                merged.codes.append(copy.copy(code))
+                merged.codes.append(own(code))
                 continue
             # A package installed from a merged one holds its entries already.
             into.guarded_codes.extend(g for g in code.guarded_codes if g not in into.guarded_codes)
             into.backend_ids.extend(b for b in code.backend_ids if b not in into.backend_ids)
-    if merged is None:
-        return None
     backends = {}
     for backend_id in merged.backend_ids:
         backend = PrecompileContext.serialize_artifact_by_key(backend_id)
@@ -312,4 +322,4 @@ def package_bytes(packages: list[Any]) -> tuple[bytes, int] | None:
     entries = sum(len(code.guarded_codes) for code in merged.codes)
     if entries == 0:
         return None
-    return pickle.dumps(PrecompileCacheEntry(dynamo=merged, backends=backends)), entries
+    return PrecompileCacheEntry(dynamo=merged, backends=backends), entries
