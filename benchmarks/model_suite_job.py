@@ -181,7 +181,7 @@ def main() -> None:
         "fx_misses": counters["inductor"].get("fxgraph_cache_miss", 0),
         "fx_hits": counters["inductor"].get("fxgraph_cache_hit", 0),
         "aot_autograd": dict(counters["aot_autograd"]),
-        "frames_traced": counters["frames"]["total"],
+        "frames_traced": len(compilation_time_metrics.get("bytecode_tracing", ())),  # frames Dynamo traced
         # Seconds inside torch.compile: ``entire_frame_compile`` (Dynamo, AOTAutograd and
         # Inductor for each frame) and ``total_wall_time`` (with the lazy backward compiles).
         "compile_s": calculate_time_spent(),

@@ -3,7 +3,7 @@
 Real jobs: one process per rank, gloo, a ``file://`` store the jobs share; a restart is
 a later job on the same store with empty Inductor cache dirs and ``precompile`` on. The
 model has a graph break after each layer (three frames), and the batch size changes
-(a recompile). "Traced" counts the frames Dynamo's callback handled in the process.
+(a recompile). "Traced" counts the frames whose bytecode Dynamo traced in the process.
 """
 
 from __future__ import annotations
@@ -127,9 +127,8 @@ def test_an_edited_model_source_is_traced(job, tmp_path):
 
 def test_fsdp2_blocks_install_and_train_right_and_ddp_optimizer_frames_are_traced(job, tmp_path):
     store = f"file://{tmp_path / 'store'}"
-    # FSDP2 per block (compiled, then sharded): both blocks' packages install, merged
-    # into one (the blocks share their function). Their guards then fail at the first
-    # call on the torch versions checked, so the blocks are traced: right, no crash.
+    # FSDP2 per block (compiled, then sharded): both blocks install the package, merged
+    # into one (the blocks share their function, and their inputs differ): nothing traced.
     fsdp = {"model": "blocks", "fsdp_blocks": True, "store": store}
     cold = job(2, fsdp, env=ON, name="fsdp-cold")
     require_success(cold)
@@ -138,6 +137,7 @@ def test_fsdp2_blocks_install_and_train_right_and_ddp_optimizer_frames_are_trace
     require_success(restart)
     for r in restart:
         assert precompiled(r)["installed"] == 2 and precompiled(r)["failed"] == 0, r.log[-3000:]
+        assert r.report["frames_traced"] == 0, r.log[-3000:]
         assert r.report["losses"] == cold[r.rank].report["losses"]
 
     # DDPOptimizer splits the frame: torch packages nothing for it; traced, no error.

@@ -33,8 +33,9 @@ def inductor_counters() -> dict[str, int]:
 
 
 def frames_traced() -> int:
-    """Frames Dynamo's callback handled in this process (traced, or found nothing to
-    compile); a function installed from a precompiled package adds none."""
-    from torch._dynamo.utils import counters
+    """Frames whose bytecode Dynamo traced in this process (its ``bytecode_tracing``
+    phase; frames it skips without tracing, and functions installed from a precompiled
+    package, add none)."""
+    from torch._dynamo.utils import compilation_time_metrics
 
-    return int(counters["frames"]["total"])
+    return len(compilation_time_metrics.get("bytecode_tracing", ()))

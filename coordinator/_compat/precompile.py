@@ -35,6 +35,10 @@ what torch's precompile gets wrong:
   block, which installs its package, and only then ``fully_shard``\ s it, which makes the
   ``FSDP<Block>`` class the guards name. That class is made first, exactly as
   ``fully_shard`` makes it, and ``fully_shard`` then reuses it (:func:`fsdp_class`).
+* **FSDP2 modules' guards failed at every call**: the guard state rebuilds a module
+  through its class's ``__new__``, and ``FSDPModule.__new__`` returns an instance of the
+  original class, so the loaded ``TYPE_MATCH`` guard named ``Block`` and never matched
+  the ``FSDPBlock`` it guards. While a guard state loads, the module keeps its class.
 * **A frame whose guards do not serialize crashed its compile**: an object in the guard
   state that does not pickle (a ``threading.local``) raised out of ``serialize_guards``,
   which catches only its own ``PackageError`` (now raised for any failure); and on a
@@ -63,8 +67,9 @@ instance), ``CompilePackage`` (``install``, ``uninstall``, ``source_id``,
 ``guards.GuardsStatePickler`` (``_unpickle_tensor``, ``_unpickle_fsdp_module_type``),
 ``guards._Missing``, ``guards.CheckFunctionManager`` (``__init__`` with ``save_guards``,
 ``guards_state``, ``serialize_guards``), ``exc.PackageError``;
-``fsdp._fully_shard._fully_shard`` (``get_cls_to_fsdp_cls``, ``FSDPModule``,
-``_unimplemented_deepcopy``; the class as ``_fsdp_init._apply_to_module`` makes it).
+``package.load_guards_state``; ``fsdp._fully_shard._fully_shard`` (``get_cls_to_fsdp_cls``,
+``FSDPModule`` and its ``__new__``, ``_orig_cls_mro_index``, ``_unimplemented_deepcopy``;
+the class as ``_fsdp_init._apply_to_module`` makes it).
 """
 
 from __future__ import annotations
@@ -147,6 +152,7 @@ def _guard_state_mends() -> Iterator[None]:
     """The guard-state mends of the module docstring: ``_Missing`` grads, FSDP2 classes
     of blocks not sharded yet, guards that do not serialize; restored on exit."""
     import torch._dynamo.guards as guards_module
+    import torch._dynamo.package as package_module
     from torch._dynamo.exc import PackageError
 
     pickler = guards_module.GuardsStatePickler
@@ -184,12 +190,20 @@ def _guard_state_mends() -> Iterator[None]:
             # bypassed entry ignores it.
             self.guards_state = b""
 
+    torch_load_guards_state = package_module.load_guards_state
+
+    def load_guards_state(guards_state: bytes) -> Any:
+        with _fsdp_modules_keep_their_class():
+            return torch_load_guards_state(guards_state)
+
     pickler._unpickle_tensor = classmethod(_unpickle_tensor)
     pickler._unpickle_fsdp_module_type = classmethod(_unpickle_fsdp_module_type)
     manager.__init__, manager.serialize_guards = manager_init, serialize_guards
+    package_module.load_guards_state = load_guards_state
     try:
         yield
     finally:
+        package_module.load_guards_state = torch_load_guards_state
         pickler._unpickle_tensor = torch_unpickle_tensor
         pickler._unpickle_fsdp_module_type = torch_unpickle_fsdp_type
         manager.__init__, manager.serialize_guards = torch_manager_init, torch_serialize
@@ -263,6 +277,31 @@ def precompiled_functions(
         package_class.install = torch_install
         for name in ("load", "record_package"):
             cache.__dict__.pop(name, None)
+
+
+@contextlib.contextmanager
+def _fsdp_modules_keep_their_class() -> Iterator[None]:
+    """While a guard state unpickles: an FSDP2 module is rebuilt as an instance of its
+    ``FSDP<Block>`` class, as it was when its guards were made. ``FSDPModule.__new__``
+    builds an instance of the original class instead (for indexing into containers), so
+    a loaded ``TYPE_MATCH`` guard expected ``Block`` and failed on every real call."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp
+    except ImportError:
+        yield
+        return
+    module_class = fsdp.FSDPModule
+    torch_new = module_class.__dict__["__new__"]
+
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        original = cls.__mro__[getattr(cls, "_orig_cls_mro_index", 2)]
+        return original.__new__(cls)
+
+    module_class.__new__ = __new__
+    try:
+        yield
+    finally:
+        module_class.__new__ = torch_new
 
 
 def fsdp_class(cls: type) -> type:
