@@ -107,12 +107,15 @@ class PrecompiledFunctions:
         return sealed.payload
 
     def recorded(self, key: str, package: Any) -> None:
-        """Dynamo recorded (traced a frame of) the package of ``key``."""
+        """Dynamo recorded (traced a frame of) the package of ``key``, after its compile
+        ended: published now if complete (a backward compiled with its forward, as with
+        dynamic shapes), else at the end of the compile that completes it."""
         with self._lock:
             same = self._packages.setdefault(key, [])
             if not any(p is package for p in same):
                 same.append(package)
             self._recorded.add(key)
+        self.publish_ready()
 
     def on_install(self, key: str, error: BaseException | None) -> None:
         """Torch installed the package of ``key`` (``error`` ``None``) or could not."""
@@ -127,7 +130,8 @@ class PrecompiledFunctions:
             self._session.stats.record_miss(KIND, rejected=True)
 
     def publish_ready(self) -> None:
-        """Publish each recorded package that is complete and larger than the store's."""
+        """Publish each recorded package that is complete and larger than the store's
+        (at each compile's end, and as Dynamo records a package)."""
         try:
             self._publish_ready()
         except Exception:  # never let the coordinator fail a compile
@@ -150,6 +154,7 @@ class PrecompiledFunctions:
         for key, packages in recorded:
             complete = _compat.complete_package(packages)
             if complete is None:  # a backward not compiled yet: at a later compile's end
+                log.debug("precompiled function %s: not complete yet", key)
                 continue
             entry, entries = complete
             with self._lock:

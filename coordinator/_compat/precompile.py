@@ -35,6 +35,22 @@ what torch's precompile gets wrong:
   block, which installs its package, and only then ``fully_shard``\ s it, which makes the
   ``FSDP<Block>`` class the guards name. That class is made first, exactly as
   ``fully_shard`` makes it, and ``fully_shard`` then reuses it (:func:`fsdp_class`).
+* **A guard on a decorated function did not load** (``'_Missing' object has no
+  attribute '__name__'``): transformers wraps HF models' ``forward`` in a decorator
+  (``deprecate_kwarg``) whose frame holds the original function and guards
+  ``func.__name__``; its module attribute is the wrapper, so torch pickles the original
+  as a placeholder ("fqn mismatch"). A function found behind the attribute's
+  ``__wrapped__`` chain is pickled as that path (:func:`_function_behind_wrappers`), the
+  same object at load. The wrapper's compiled code is then installed into its own
+  module's globals: ``install`` used the module its ``__module__`` names, which
+  ``functools.wraps`` copies from the wrapped function (``NameError:
+  __compiled_fn_...`` at its first call).
+* **A module the compiled code loads was missing** (``NameError:
+  ___module_collections_..._c0``): Dynamo installs a module it needs under a name made
+  from its id (``install_global_by_id``), and the package records only the modules the
+  traced code imported itself. Each module installed while a package records is added
+  to its imports. And after every install, each global the installed code loads must be
+  there (:func:`_check_globals`), else the package is refused and the function traced.
 * **FSDP2 modules' guards failed at every call**: the guard state rebuilds a module
   through its class's ``__new__``, and ``FSDPModule.__new__`` returns an instance of the
   original class, so the loaded ``TYPE_MATCH`` guard named ``Block`` and never matched
@@ -64,22 +80,27 @@ instance), ``CompilePackage`` (``install``, ``uninstall``, ``source_id``,
 ``_initialized``), ``PrecompileCacheEntry``, ``_hash_sourcelines``;
 ``precompile_context.PrecompileContext`` (``serialize_artifact_by_key``,
 ``record_artifact``); ``bytecode_transformation._unique_id_counter``;
-``guards.GuardsStatePickler`` (``_unpickle_tensor``, ``_unpickle_fsdp_module_type``),
+``guards.GuardsStatePickler`` (``reducer_override``, ``_unpickle_tensor``,
+``_unpickle_fsdp_module_type``),
 ``guards._Missing``, ``guards.CheckFunctionManager`` (``__init__`` with ``save_guards``,
 ``guards_state``, ``serialize_guards``), ``exc.PackageError``;
-``package.load_guards_state``; ``fsdp._fully_shard._fully_shard`` (``get_cls_to_fsdp_cls``,
-``FSDPModule`` and its ``__new__``, ``_orig_cls_mro_index``, ``_unimplemented_deepcopy``;
-the class as ``_fsdp_init._apply_to_module`` makes it).
+``package.load_guards_state``, ``CompilePackage.add_import_source``,
+``output_graph.OutputGraph.install_global_unsafe`` (``package``);
+``fsdp._fully_shard._fully_shard`` (``get_cls_to_fsdp_cls``, ``FSDPModule`` and its
+``__new__``, ``_orig_cls_mro_index``, ``_unimplemented_deepcopy``; the class as
+``_fsdp_init._apply_to_module`` makes it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import logging
 import pickle
 import re
 import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -138,6 +159,31 @@ def _check_entry(entry: Any) -> None:
             raise RuntimeError(f"source changed: {code.module} lines {code.firstlineno}-{code.lastlineno}")
 
 
+def _check_globals(package: Any) -> None:
+    """Raise ``RuntimeError`` if a global that an installed function's compiled code
+    loads is not there: a name torch's package did not record would be a ``NameError``
+    at the first call, in the middle of a training step."""
+    import builtins
+    import dis
+
+    from torch._dynamo.package import SerializedCode
+
+    def loaded(code: Any) -> Iterator[str]:
+        for instruction in dis.get_instructions(code):
+            if instruction.opname == "LOAD_GLOBAL":
+                yield instruction.argval
+        for const in code.co_consts:
+            if inspect.iscode(const):
+                yield from loaded(const)
+
+    for entry in package._codes.values():
+        scope = vars(sys.modules[entry.python_module])
+        for guarded in entry.guarded_codes:
+            for name in loaded(SerializedCode.to_code_object(guarded.dynamo_code)):
+                if name not in scope and not hasattr(builtins, name):
+                    raise RuntimeError(f"its code loads global {name!r}, which the package does not install")
+
+
 def _advance_name_counter(names: Iterator[str]) -> None:
     """Make this process's Dynamo name counter generate only numbers above ``names``'."""
     import torch._dynamo.bytecode_transformation as bt
@@ -152,6 +198,7 @@ def _guard_state_mends() -> Iterator[None]:
     """The guard-state mends of the module docstring: ``_Missing`` grads, FSDP2 classes
     of blocks not sharded yet, guards that do not serialize; restored on exit."""
     import torch._dynamo.guards as guards_module
+    import torch._dynamo.output_graph as output_graph_module
     import torch._dynamo.package as package_module
     from torch._dynamo.exc import PackageError
 
@@ -190,6 +237,21 @@ def _guard_state_mends() -> Iterator[None]:
             # bypassed entry ignores it.
             self.guards_state = b""
 
+    graph_class = output_graph_module.OutputGraph
+    torch_install_global = graph_class.install_global_unsafe
+
+    def install_global_unsafe(self: Any, name: str, value: Any) -> None:
+        torch_install_global(self, name, value)
+        package = getattr(self, "package", None)
+        if isinstance(value, types.ModuleType) and package is not None and package._current_entry is not None:
+            package.add_import_source(name, value.__name__)
+
+    torch_reduce = pickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        behind = _behind_wrappers(obj)
+        return (_function_behind_wrappers, behind) if behind is not None else torch_reduce(self, obj)
+
     torch_load_guards_state = package_module.load_guards_state
 
     def load_guards_state(guards_state: bytes) -> Any:
@@ -200,9 +262,13 @@ def _guard_state_mends() -> Iterator[None]:
     pickler._unpickle_fsdp_module_type = classmethod(_unpickle_fsdp_module_type)
     manager.__init__, manager.serialize_guards = manager_init, serialize_guards
     package_module.load_guards_state = load_guards_state
+    pickler.reducer_override = reducer_override
+    graph_class.install_global_unsafe = install_global_unsafe
     try:
         yield
     finally:
+        graph_class.install_global_unsafe = torch_install_global
+        pickler.reducer_override = torch_reduce
         package_module.load_guards_state = torch_load_guards_state
         pickler._unpickle_tensor = torch_unpickle_tensor
         pickler._unpickle_fsdp_module_type = torch_unpickle_fsdp_type
@@ -251,8 +317,14 @@ def precompiled_functions(
 
     def install(package: Any, backends: dict) -> None:
         key = package_key(package._innermost_fn) or package.source_id
+        # The function's compiled code runs in its own globals: install there, not in the
+        # module its ``__module__`` names (a ``functools.wraps`` wrapper takes the name of
+        # the function it wraps, so its compiled calls were not found).
+        main = package._codes[package._innermost_fn.__code__]
+        main.python_module = package._innermost_fn.__globals__.get("__name__", main.python_module)
         try:
             torch_install(package, backends)
+            _check_globals(package)
         except Exception as exc:
             # torch compiles fresh on a RuntimeError only, and only from a package that
             # is not initialized: undo the install, then hand it back fresh.
@@ -277,6 +349,35 @@ def precompiled_functions(
         package_class.install = torch_install
         for name in ("load", "record_package"):
             cache.__dict__.pop(name, None)
+
+
+def _behind_wrappers(obj: Any) -> tuple[str, str, int] | None:
+    """``(module, qualname, depth)`` when ``obj`` is a function that its module's
+    attribute of that name hides behind ``depth`` wrappers (``functools.wraps``)."""
+    if not inspect.isfunction(obj) or "<locals>" in obj.__qualname__ or obj.__module__ not in sys.modules:
+        return None
+    found: Any = sys.modules[obj.__module__]
+    for name in obj.__qualname__.split("."):
+        found = getattr(found, name, None)
+    for depth in range(1, 9):
+        found = getattr(found, "__wrapped__", None)
+        if found is None:
+            return None
+        if found is obj:
+            return obj.__module__, obj.__qualname__, depth
+    return None
+
+
+def _function_behind_wrappers(module: str, qualname: str, depth: int) -> Any:
+    """The function :func:`_behind_wrappers` described."""
+    import importlib
+
+    found: Any = importlib.import_module(module)
+    for name in qualname.split("."):
+        found = getattr(found, name)
+    for _ in range(depth):
+        found = found.__wrapped__
+    return found
 
 
 @contextlib.contextmanager
