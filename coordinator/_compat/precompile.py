@@ -322,18 +322,20 @@ def precompiled_functions(
         # the function it wraps, so its compiled calls were not found).
         main = package._codes[package._innermost_fn.__code__]
         main.python_module = package._innermost_fn.__globals__.get("__name__", main.python_module)
+        modules = {sys.modules.get(code.python_module) for code in package._codes.values()}
         try:
             torch_install(package, backends)
             _check_globals(package)
         except Exception as exc:
             # torch compiles fresh on a RuntimeError only, and only from a package that
-            # is not initialized: undo the install, then hand it back fresh.
+            # is not initialized: undo the install, then hand it back as a new one.
             on_install(key, exc)
             package.uninstall()
-            package._initialized = False
+            package_class.__init__(package, None)
             raise RuntimeError(f"precompiled package {key} did not install: {exc}") from exc
         finally:
-            modules = {sys.modules.get(code.python_module) for code in package._codes.values()}
+            # Names the install put into the modules (``__builtins_dict___<n>`` stays even
+            # after an uninstall) must not be generated again by a retrace.
             _advance_name_counter(name for module in modules if module is not None
                                   for name in list(vars(module)) if name.startswith("__"))
         on_install(key, None)
