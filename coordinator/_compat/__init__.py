@@ -75,15 +75,15 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
 * ``precompile``: Dynamo's precompiled functions (``precompiled_functions``,
   ``complete_package``; ``PRECOMPILE_VERSIONS`` lists where it is offered):
   ``torch._dynamo.config.caching_precompile``, ``DynamoCache.load``/``record_package``,
-  ``CompilePackage.install``/``uninstall``/``cache_entry``/``source_id_from_fn``/
-  ``_codes``/``_innermost_fn``/``_initialized``, ``PrecompileCacheEntry``,
-  ``PrecompileContext.record_artifact``/``serialize_artifact_by_key``,
-  ``package._hash_sourcelines``, ``bytecode_transformation._unique_id_counter``,
-  ``guards.GuardsStatePickler._unpickle_tensor``/``_unpickle_fsdp_module_type``,
-  ``guards._Missing``, ``guards.CheckFunctionManager.__init__``, FSDP2's
-  ``get_cls_to_fsdp_cls``/``FSDPModule``/``_unimplemented_deepcopy``. Read from the
-  sources of 2.11.0, 2.13.0 and 2.14.1; the tests (``tests/test_precompiled.py``) ran on
-  2.13.0 and 2.14.1 on CPU; on 2.11.0 on an H200 (the restart benchmark, HF Llama).
+  ``CompilePackage`` (``install``, ``uninstall``, ``cache_entry``, ``source_id_from_fn``,
+  ``add_import_source``, ``_codes``, ``_innermost_fn``, ``_current_entry``),
+  ``PrecompileCacheEntry``, ``PrecompileContext``, ``package.load_guards_state``,
+  ``bytecode_transformation._unique_id_counter``, ``guards.GuardsStatePickler``
+  (``reducer_override`` and two unpicklers), ``guards.CheckFunctionManager``,
+  ``OutputGraph.install_global_unsafe``, FSDP2's class map and ``FSDPModule.__new__`` (the
+  module's docstring lists each). Read from the sources of 2.11.0, 2.13.0 and 2.14.1; the
+  tests (``tests/test_precompiled.py``, with ``tests/precompile_mends.py``) ran on 2.13.0 and
+  2.14.1 on CPU; on 2.11.0 on an H200 (the restart benchmark, HF Llama).
 * ``counters``: for the tests and benchmarks only (``coordinator.testing``; ran on 2.13.0 and
   2.14.1 in the CPU suite, on 2.11.0 in the GPU tier on an H100 and an H200): cubins Triton
   compiles (``FileCacheManager.put``) and Inductor's counters (``torch._dynamo.utils.counters``).
