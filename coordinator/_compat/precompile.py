@@ -62,6 +62,8 @@ what torch's precompile gets wrong:
   frame's package entry, leaving no guard state, which ``convert_frame`` then asserts on
   (``check_fn.guards_state must not be None``). An empty state is given instead; the
   bypassed entry drops it, so the frame is compiled and never packaged.
+* **AOTAutograd's cache never hit across processes** while caching precompile is on:
+  its keys held the process's own backend id (:func:`_aot_keys_without_backend_ids`).
 * **A package that does not install** (another torch, Python, GPU or Triton, a changed
   source): torch logs a warning and compiles fresh; the reason is reported through
   ``on_install(source_id, error)`` instead, with ``error`` ``None`` on success.
@@ -86,6 +88,7 @@ instance), ``CompilePackage`` (``install``, ``uninstall``, ``source_id``,
 ``guards_state``, ``serialize_guards``), ``exc.PackageError``;
 ``package.load_guards_state``, ``CompilePackage.add_import_source``,
 ``output_graph.OutputGraph.install_global_unsafe`` (``package``);
+``autograd_cache.AOTAutogradCachePickler._reduce_aot_config``, ``AOTConfig.precompile_backend_id``;
 ``fsdp._fully_shard._fully_shard`` (``get_cls_to_fsdp_cls``, ``FSDPModule`` and its
 ``__new__``, ``_orig_cls_mro_index``, ``_unimplemented_deepcopy``; the class as
 ``_fsdp_init._apply_to_module`` makes it).
@@ -344,13 +347,38 @@ def precompiled_functions(
     dynamo_config.caching_precompile = True
     cache.load, cache.record_package, package_class.install = load_entry, record_package, install
     try:
-        with _guard_state_mends():
+        with _guard_state_mends(), _aot_keys_without_backend_ids():
             yield
     finally:
         dynamo_config.caching_precompile = saved_flag
         package_class.install = torch_install
         for name in ("load", "record_package"):
             cache.__dict__.pop(name, None)
+
+
+@contextlib.contextmanager
+def _aot_keys_without_backend_ids() -> Iterator[None]:
+    """AOTAutograd's cache keys without the precompile backend id, which names the
+    graph's compiled function in this process only (``__compiled_fn_<n>_<uuid>``): with
+    it in the key, no AOTAutograd entry was ever found by another process. A hit names
+    its artifact with this process's id (``autograd_cache.py`` says so), and a saved entry
+    drops it, so the entry does not depend on it."""
+    import dataclasses
+
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCachePickler
+
+    torch_reduce = AOTAutogradCachePickler.__dict__["_reduce_aot_config"]
+
+    def _reduce_aot_config(self: Any, aot_config: Any) -> Any:
+        if getattr(aot_config, "precompile_backend_id", None) is not None:
+            aot_config = dataclasses.replace(aot_config, precompile_backend_id=None)
+        return torch_reduce(self, aot_config)
+
+    AOTAutogradCachePickler._reduce_aot_config = _reduce_aot_config
+    try:
+        yield
+    finally:
+        AOTAutogradCachePickler._reduce_aot_config = torch_reduce
 
 
 def _behind_wrappers(obj: Any) -> tuple[str, str, int] | None:
