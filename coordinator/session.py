@@ -157,8 +157,9 @@ class Session:
     def _missed(self, kind: str, key: str, inductor_key: str, rejected: bool = False) -> None:
         # When this rank compiles a graph it did not claim (the store failed, or it held
         # another claim), kernels written since the miss travel with the entry.
-        if kind == "fx_graph":
+        if _compat.ships_kernels(kind):
             self.kernels.missed(key)
+        if kind == "fx_graph":
             self.ranks.compiling(key, inductor_key)
         self.stats.record_miss(kind, rejected=rejected)
         self.events.compile_began(key)
@@ -206,8 +207,8 @@ class Session:
         except OSError as exc:
             log.warning("compile_once: could not write received kernels (%s); Inductor will compile them", exc)
         saved_s = sealed.meta.get("time_taken_ms", 0) / 1000.0
-        if kind == "fx_graph":
-            self.kernels.record(sealed.files, saved_s)
+        if kind == "fx_graph" or sealed.files:
+            self.kernels.record(sealed.files, saved_s if kind == "fx_graph" else 0.0)
         if _compat.CACHE_KINDS[kind].inductor_extends_timeout:
             # Inductor extends by the entry's recorded compile time itself on this hit.
             extension = float(int(saved_s)) if _compat.has_nccl_process_group() else 0.0
@@ -240,7 +241,7 @@ class Session:
                 self.publish(flight, kind, key, b"", {}, extra_meta={"rank_dependent": True, "reads": reads})
             return
         files: dict[str, bytes] = {}
-        if _compat.CACHE_KINDS[kind].ships_kernels and self.config.ship_cpu_kernels:
+        if _compat.ships_kernels(kind) and self.config.ship_cpu_kernels:
             files = self.kernels.built_for(key, flight.claim_started(key))
         else:
             self.kernels.forget(key)
@@ -252,8 +253,8 @@ class Session:
         match = _TIME_TAKEN.search(data[-256:])
         meta = {"time_taken_ms": int(match.group(1)) if match else 0, "rank": flight.owner.rank,
                 "host": flight.owner.host, **(extra_meta or {})}
-        if kind == "fx_graph":
-            self.kernels.record(files, meta["time_taken_ms"] / 1000.0)
+        if kind == "fx_graph" or files:
+            self.kernels.record(files, meta["time_taken_ms"] / 1000.0 if kind == "fx_graph" else 0.0)
         blob = seal(key, data, meta=meta, files=files, secret=self.config.secret)
         try:
             self._node.write(key, blob)  # local ranks read it from disk, not the store

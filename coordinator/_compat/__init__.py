@@ -22,7 +22,8 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``bundle_triton_into_fx_graph_cache``, ``AOTAutogradCache.get_remote_cache``; keeping
   compile workers off Redis (``TORCHINDUCTOR_REDIS_URL``: Inductor's ``create_cache``
   swallows the backend's construction error; 2.13.0 only); compile-end callbacks
-  (``callback_handler``); cache dirs. GPU tier on 2.11.0.
+  (``callback_handler``); cache dirs; whether AOTAutograd entries hold their graphs
+  (``autograd_cache.should_bundle_autograd_cache``). GPU tier on 2.11.0.
 * ``fx_graph``: FX-graph lookups (``fx_graph_lookups``): ``FxGraphCache._lookup_graph``,
   ``_write_to_local_cache``, ``_get_tmp_dir_for_key``, ``codecache._worker_compile_cpp``,
   ``RedisRemoteCache._get_key`` and the FX remote value format of ``_save_graph``
@@ -110,6 +111,7 @@ from coordinator._compat.caches import (
     remote_cache_backend_base,
     routable_kinds,
     routed_remote_caches,
+    ships_kernels,
 )
 from coordinator._compat.counters import count_triton_compiles, frames_traced, inductor_counters
 from coordinator._compat.distributed import default_c10d_store, extend_nccl_timeouts, has_nccl_process_group
@@ -196,6 +198,7 @@ __all__ = [
     "route_autotune_cache",
     "routed_remote_caches",
     "share_config_kept_from_cache",
+    "ships_kernels",
     "split_graphs_unsupported",
     "structured_trace_on",
     "triton_cache_dir",

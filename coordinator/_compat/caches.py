@@ -68,6 +68,20 @@ _ALL = (
 CACHE_KINDS: dict[str, CacheKind] = {kind.name: kind for kind in _ALL}
 
 
+def ships_kernels(kind: str) -> bool:
+    """Whether entries of ``kind`` carry the C++ kernels their compile built: FX-graph
+    entries always; AOTAutograd entries while they hold their compiled graphs themselves
+    (bundled, as caching precompile makes them: a hit then loads no FX entry, whose
+    kernels would have come with it)."""
+    if CACHE_KINDS[kind].ships_kernels:
+        return True
+    if kind != "aot_autograd":
+        return False
+    from torch._functorch._aot_autograd.autograd_cache import should_bundle_autograd_cache
+
+    return should_bundle_autograd_cache()
+
+
 def routable_kinds(kinds: tuple[str, ...]) -> list[str]:
     """The subset of ``kinds`` that Inductor can use in this process."""
     import torch
