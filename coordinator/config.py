@@ -187,7 +187,8 @@ class Config:
     skip Dynamo's tracing for it (``coordinator.precompiled``). Only on the torch
     versions it was checked on. Off by default: while on, torch drops some guards
     (``ID_MATCH``, ``CLOSURE_MATCH``, ``WEAKREF_ALIVE``, ``DICT_VERSION``) from every
-    compile of the process."""
+    compile of the process, and a model whose frames torch cannot package (HF layers
+    under FSDP2: their ``CLASS_MATCH`` guards) restarts slower with it."""
 
     trace_dir: Path | None = None
     """Write this rank's coordinator events (claims, compiles, waits, receives) as Chrome
