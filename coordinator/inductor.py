@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from coordinator import _compat
 from coordinator.local_hits import share_local_hit
@@ -66,24 +66,29 @@ def _backend_class(session: Session, kind: str) -> type:
     return type(name, (base,), {"__init__": __init__, "_get": _get, "_put": _put})
 
 
+def _available(switch: bool, unsupported: Callable[[], str | None], off_because: str) -> bool:
+    """Whether a switched-on feature runs on this torch (``unsupported()`` gives why not)."""
+    if not switch:
+        return False
+    reason = unsupported()
+    if reason is not None:
+        log.info("compile_once: %s: %s", off_because, reason)
+        return False
+    return True
+
+
 def _split_graphs(session: Session) -> contextlib.AbstractContextManager[None]:
     """AOTAutograd's cache for DDPOptimizer's split graphs, where this torch allows it."""
-    if not session.config.cache_ddp_graphs:
-        return contextlib.nullcontext()
-    reason = _compat.split_graphs_unsupported()
-    if reason is not None:
-        log.info("compile_once: DDP's split graphs are not served from AOTAutograd's cache: %s", reason)
+    if not _available(session.config.cache_ddp_graphs, _compat.split_graphs_unsupported,
+                      "DDP's split graphs are not served from AOTAutograd's cache"):
         return contextlib.nullcontext()
     return _compat.cached_split_graphs(lambda event, _detail: session.stats.record_split_graph(event))
 
 
 def _precompiled(session: Session) -> contextlib.AbstractContextManager[None]:
     """Precompiled functions shared through the session, where asked for and this torch allows."""
-    if not session.config.precompile:
-        return contextlib.nullcontext()
-    reason = _compat.precompile_unsupported()
-    if reason is not None:
-        log.info("compile_once: precompiled functions are off: %s", reason)
+    if not _available(session.config.precompile, _compat.precompile_unsupported,
+                      "precompiled functions are off"):
         return contextlib.nullcontext()
     functions = PrecompiledFunctions(session)
     session.stats.precompiled = functions.counts

@@ -22,14 +22,20 @@ from typing import Any
 class SplitGraphCounts:
     """DDPOptimizer's split graphs in AOTAutograd's cache (``_compat.cached_split_graphs``)."""
 
+    #: Misses saved to AOTAutograd's cache with their fake outputs.
     saved: int = 0
+    #: Hits whose fake outputs were rebuilt.
     served: int = 0
+    #: Misses left to the bypass: their outputs cannot be described.
     bypassed: int = 0
+    #: Hits turned into misses: no description, or one that does not fit.
     refused: int = 0
 
 
 @dataclasses.dataclass
 class KindCounts:
+    """One cache kind's lookups and publishes."""
+
     hits: int = 0
     misses: int = 0
     published: int = 0
