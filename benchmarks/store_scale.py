@@ -3,7 +3,7 @@
     python benchmarks/store_scale.py --nodes 1000 --store c10d
     python benchmarks/store_scale.py --nodes 1000 --store redis --waits polling
     python benchmarks/store_scale.py --sweep          # N = 8, 64, 256, 1000; both stores; all waits
-    python benchmarks/store_scale.py --sweep --label store-scale-h100 --sweep-nodes 1000 \
+    python benchmarks/store_scale.py --sweep --label store-scale-h200 --sweep-nodes 1000 \
         --sweep-waits bare-wake bare signalled --procs 64 --repeat 3 --results-dir $OUT --out $OUT/RESULTS.md
 
 Starts a real server (a TCPStore in a process of its own, or redis-server) on loopback and
