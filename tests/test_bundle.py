@@ -25,6 +25,7 @@ def assert_loaded_everything(r):
     torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.protocol
 def test_broadcast_from_rank0_then_others_compile_nothing(job):
     results = job(4, {"bundle": "broadcast", "coordinator": False}, env=NO_PCH)
     require_success(results)
@@ -50,6 +51,7 @@ def test_save_then_new_job_loads(job, backend, redis_server, tmp_path):
         assert_loaded_everything(r)
 
 
+@pytest.mark.protocol
 def test_four_local_ranks_restore_with_one_fetch(job, tmp_path):
     url = f"file://{tmp_path / 'bundles'}"
     require_success(job(1, {"bundle": f"save:{url}", "coordinator": False}, env=NO_PCH))
@@ -107,6 +109,7 @@ def test_bad_bundles_are_refused_before_anything_is_written(tmp_path, monkeypatc
     assert written == []
 
 
+@pytest.mark.protocol
 def test_bundle_over_512mb_survives_redis(redis_server):
     # Redis refuses single values over 512 MB; the store chunks them (64 MiB each).
     blob, artifacts = synthetic(size=600 * 1024 * 1024)
@@ -140,6 +143,7 @@ def test_cli_save_inspect_ls_load_rm(tmp_path, capsys, monkeypatch):
     assert main(["bundle", "save", url, str(bad)]) == 1
 
 
+@pytest.mark.protocol
 def test_redis_ttl_and_size_policy(redis_server):
     import redis
 

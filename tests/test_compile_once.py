@@ -50,6 +50,7 @@ def test_job_store_ddp_compiles_each_graph_once(job):
         assert stats["store"] == "c10d"
 
 
+@pytest.mark.protocol
 @pytest.mark.parametrize("backend", ["redis", "file"])
 def test_shared_store_and_second_job_compiles_nothing(job, backend, redis_server, tmp_path):
     url = redis_server.url if backend == "redis" else f"file://{tmp_path / 'shared-cache'}"
@@ -92,6 +93,7 @@ def test_a_repeated_graph_is_received_once_then_loaded_from_the_local_cache(job)
         torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.protocol
 def test_killed_claimant_is_taken_over_after_lease(job, tcp_store):
     results = job(
         WORLD,
@@ -105,6 +107,7 @@ def test_killed_claimant_is_taken_over_after_lease(job, tcp_store):
     assert any("expired" in r.log and "taking over" in r.log for r in survivors)
 
 
+@pytest.mark.protocol
 def test_slow_claimant_keeps_its_claim(job, tcp_store):
     # The first compile stalls for 4 lease periods; its heartbeat must keep the claim.
     results = job(
@@ -145,6 +148,7 @@ def test_a_graph_whose_code_depends_on_the_rank_is_never_shared(job, tmp_path, c
     assert len(set(losses)) == WORLD, losses
 
 
+@pytest.mark.protocol
 def test_collective_in_compiled_forward_does_not_deadlock(job):
     results = job(WORLD, {"model": "collective", "steps": 2}, timeout=200)
     require_success(results)
@@ -153,6 +157,7 @@ def test_collective_in_compiled_forward_does_not_deadlock(job):
         torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.protocol
 def test_dead_store_falls_back_to_local_compiles(job, redis_server):
     url = redis_server.url
     redis_server.kill()
@@ -164,6 +169,7 @@ def test_dead_store_falls_back_to_local_compiles(job, redis_server):
         assert "compiling locally from now on" in r.log
 
 
+@pytest.mark.protocol
 def test_local_ranks_sharing_a_cache_dir_fetch_once_per_node(job, tmp_path):
     # 4 ranks of one "node": one Inductor cache dir. One compiles each graph; of the
     # others, one per graph reads it from the store and the rest from the node's copy.

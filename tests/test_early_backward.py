@@ -8,6 +8,7 @@ the next one while another rank still compiles it.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import require_success
 
@@ -60,6 +61,7 @@ def test_off_no_backward_is_compiled_early(job):
     assert sum(r.report["stats"]["graphs_compiled"] for r in results) == GRAPHS
 
 
+@pytest.mark.protocol
 def test_a_rank_killed_in_an_early_compile_is_taken_over_after_its_lease(job, tcp_store):
     # The first rank to compile a backward graph early dies in it, holding its claim. The
     # survivor's backward pass waits on that claim until the lease runs out, takes it
@@ -74,6 +76,7 @@ def test_a_rank_killed_in_an_early_compile_is_taken_over_after_its_lease(job, tc
     torch.testing.assert_close(survivor.report["losses"], survivor.report["ref_losses"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.protocol
 def test_a_leader_killed_while_the_other_rank_compiles_early_is_taken_over(job, tcp_store):
     # The rank compiling the second forward graph dies in it. The other rank, waiting for
     # that graph, compiles the first graph's backward meanwhile, then takes the dead
@@ -89,6 +92,7 @@ def test_a_leader_killed_while_the_other_rank_compiles_early_is_taken_over(job, 
     torch.testing.assert_close(survivor.report["losses"], survivor.report["ref_losses"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.protocol
 def test_a_store_that_dies_mid_job_ends_in_local_compiles(job, redis_server):
     # The rank compiling the second forward graph kills the Redis server while the other
     # rank waits for that graph (compiling a backward early). Both fall back to local

@@ -90,6 +90,7 @@ def run(launcher: list[str], args: list[str], tmp_path: Path, env: dict | None =
                           timeout=240)
 
 
+@pytest.mark.protocol
 def test_exit_code_matches_torchrun(tmp_path):
     args = ["--standalone", "--nproc-per-node", "2", PLAIN, str(tmp_path), "--fail", "3"]
     ours = run(["coordinator.launcher"], args, tmp_path)
@@ -116,6 +117,7 @@ def test_script_without_coordinator_compiles_each_graph_once(tmp_path):
         assert f"[rank{rank}] coordinator.api: compile_once rank {rank}: " in result.stderr, result.stderr[-3000:]
 
 
+@pytest.mark.protocol
 def test_processes_a_worker_starts_do_not_enter_compile_once(tmp_path):
     """Inductor starts Python processes (compile workers, a CPU-feature probe each): they
     must not import torch and the coordinator at their start, as the worker itself does."""
@@ -158,6 +160,7 @@ def test_invalid_settings_fail_before_any_worker_starts(tmp_path, args, env, mes
     assert not list(out.iterdir())
 
 
+@pytest.mark.protocol
 def test_save_bundle_at_exit_then_restore_once_per_node(tmp_path):
     """Job 1 saves its bundle at exit; job 2, on an empty node cache dir, restores it and compiles nothing."""
     bundles = f"file://{tmp_path / 'bundles'}"
@@ -177,6 +180,7 @@ def test_save_bundle_at_exit_then_restore_once_per_node(tmp_path):
             assert "coordinator-run: bundle 'mlp'" in result.stderr and "'fetched': True" in result.stderr
 
 
+@pytest.mark.protocol
 def test_restore_from_an_unreachable_store_does_not_fail(tmp_path, caplog, monkeypatch):
     from coordinator.launcher import restore
 

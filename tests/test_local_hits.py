@@ -12,6 +12,7 @@ Each test first fills one cache dir with a one-rank job, then gives it to rank 0
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import require_success
 
@@ -53,6 +54,7 @@ def test_warm_rank_publishes_its_local_graphs_and_a_cold_rank_loads_them(job, tm
     assert results[1].fx_misses == UNIQUE_GRAPHS
 
 
+@pytest.mark.protocol
 def test_warm_rank_waits_on_the_store_not_in_a_collective_that_times_out(job, tmp_path):
     """The cold rank compiles slowly (6 s stall); the gloo timeout is 3 s. The warm rank
     starts its step once the cold rank is compiling (the first compiler's marker file)."""

@@ -12,6 +12,8 @@ import pytest
 
 from coordinator.singleflight import Owner, Singleflight
 
+pytestmark = pytest.mark.protocol
+
 
 def flight(store, rank, *, lease=1.0, wait_timeout=30.0):
     return Singleflight(

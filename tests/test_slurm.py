@@ -22,6 +22,8 @@ import pytest
 
 from coordinator.slurm import job_settings, parse_comment, read_settings_file
 
+pytestmark = pytest.mark.protocol
+
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = str(Path(__file__).with_name("plain_script.py"))
 SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "srun", "sinfo")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.protocol
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "store_scale.py"
 
 

@@ -12,6 +12,8 @@ from coordinator.stores.base import TimedStore
 from coordinator.stores.c10d import C10dStore
 from coordinator.stores.redis import RedisStore
 
+pytestmark = pytest.mark.protocol
+
 
 @pytest.fixture(params=["c10d", "redis", "file"])
 def store(request, tmp_path):

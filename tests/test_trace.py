@@ -124,3 +124,21 @@ def test_report_merges_the_ranks_and_warns_about_a_graph_one_rank_needed(traced_
     assert done.returncode == 0, done.stderr
     assert "never needed it" in done.stdout and done.stdout.splitlines()[0].split()[:3] == ["rank", "compiled",
                                                                                           "received"]
+
+
+def test_report_without_matplotlib_writes_the_trace_and_the_table_and_an_empty_dir_is_an_error(traced_job, tmp_path):
+    trace = tmp_path / "trace"
+    shutil.copytree(traced_job / "trace", trace, ignore=shutil.ignore_patterns("job.*"))
+    without_matplotlib = ("import sys; sys.modules['matplotlib'] = None; "
+                          "from coordinator.cli import main; sys.exit(main())")
+    done = subprocess.run([sys.executable, "-c", without_matplotlib, "report", str(trace)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].split()[:3] == ["rank", "compiled", "received"]
+    assert "note: no picture: matplotlib is not installed" in done.stdout
+    assert sorted(p.name for p in trace.glob("job.*")) == ["job.trace.json"]
+    assert {e["pid"] for e in json.loads((trace / "job.trace.json").read_text())["traceEvents"]} == {0, 1, 2}
+
+    empty = subprocess.run([sys.executable, "-m", "coordinator.cli", "report", str(tmp_path / "nothing")],
+                           capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 1 and "no rank traces" in empty.stderr, (empty.stdout, empty.stderr)
