@@ -17,13 +17,14 @@ from coordinator.singleflight import Owner, Singleflight
 from coordinator.stores.base import TimedStore
 from coordinator.testing import open_test_store
 
+pytestmark = pytest.mark.protocol
+
 CLAIMANT = """
 import sys, time, json
 from datetime import timedelta
 from coordinator.testing import open_test_store
 from coordinator.singleflight import Owner, Singleflight
 
-pytestmark = pytest.mark.protocol
 spec = json.loads(sys.argv[1])
 f = Singleflight(open_test_store(spec["store"]), owner=Owner.this_process(9), lease=timedelta(seconds=spec["lease"]),
                  wait_timeout=timedelta(seconds=30), progress_interval=timedelta(seconds=30), signalled_waits=True)
