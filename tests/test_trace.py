@@ -3,7 +3,7 @@
 One 3-rank gloo job (real processes) runs with both ``TORCH_TRACE`` and
 ``COORDINATOR_TRACE`` on. The first compiler stalls 3 s, so the other ranks wait for its
 graphs; rank 2 then runs a third step at a new batch size, a recompile no other rank
-needs. Both tests read the same job: the first test to need it runs it (under a file
+needs. The tests read the same job: the first test to need it runs it (under a file
 lock, so that pytest-xdist workers share one run).
 """
 
