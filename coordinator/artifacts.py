@@ -245,7 +245,9 @@ class ShippedKernels:
             written += emit_triton_kernels(self._triton_dir(), triton)
         return written
 
-    def record(self, files: dict[str, bytes], compile_time_s: float) -> None:
-        """An FX graph this process compiled or received, for the job's bundle."""
+    def record(self, kind: str, files: dict[str, bytes], compile_time_s: float) -> None:
+        """An entry this process compiled or received, for the job's bundle: every FX
+        graph with its compile time, and the kernels any other kind's entry carries."""
         self.files.update(files)
-        self.compile_time_s += compile_time_s
+        if kind == "fx_graph":
+            self.compile_time_s += compile_time_s

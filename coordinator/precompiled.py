@@ -99,7 +99,7 @@ class PrecompiledFunctions:
         except OSError as exc:
             log.warning("compile_once: could not write a package's kernels (%s); Inductor will compile them", exc)
             written = 0
-        session.kernels.record(sealed.files, 0.0)
+        session.kernels.record(KIND, sealed.files, 0.0)
         session.stats.record_hit(KIND, len(result.value), 0.0, 0.0, written)
         session.events.instant("receive", key=short_key(store_key), bytes=len(result.value), kind=KIND)
         with self._lock:

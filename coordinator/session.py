@@ -207,8 +207,7 @@ class Session:
         except OSError as exc:
             log.warning("compile_once: could not write received kernels (%s); Inductor will compile them", exc)
         saved_s = sealed.meta.get("time_taken_ms", 0) / 1000.0
-        if kind == "fx_graph" or sealed.files:
-            self.kernels.record(sealed.files, saved_s if kind == "fx_graph" else 0.0)
+        self.kernels.record(kind, sealed.files, saved_s)
         if _compat.CACHE_KINDS[kind].inductor_extends_timeout:
             # Inductor extends by the entry's recorded compile time itself on this hit.
             extension = float(int(saved_s)) if _compat.has_nccl_process_group() else 0.0
@@ -253,8 +252,7 @@ class Session:
         match = _TIME_TAKEN.search(data[-256:])
         meta = {"time_taken_ms": int(match.group(1)) if match else 0, "rank": flight.owner.rank,
                 "host": flight.owner.host, **(extra_meta or {})}
-        if kind == "fx_graph" or files:
-            self.kernels.record(files, meta["time_taken_ms"] / 1000.0 if kind == "fx_graph" else 0.0)
+        self.kernels.record(kind, files, meta["time_taken_ms"] / 1000.0)
         blob = seal(key, data, meta=meta, files=files, secret=self.config.secret)
         try:
             self._node.write(key, blob)  # local ranks read it from disk, not the store
