@@ -97,6 +97,7 @@ instance), ``CompilePackage`` (``install``, ``uninstall``, ``source_id``,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import itertools
 import logging
@@ -363,8 +364,6 @@ def _aot_keys_without_backend_ids() -> Iterator[None]:
     it in the key, no AOTAutograd entry was ever found by another process. A hit names
     its artifact with this process's id (``autograd_cache.py`` says so), and a saved entry
     drops it, so the entry does not depend on it."""
-    import dataclasses
-
     from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCachePickler
 
     torch_reduce = AOTAutogradCachePickler.__dict__["_reduce_aot_config"]
