@@ -145,6 +145,51 @@ def test_a_recorded_stride_that_differs_from_the_fx_entry_is_a_miss(job, tmp_pat
     assert_same_training(cold[0], restart[0])
 
 
+def strip_descriptions(cache: Path) -> int:
+    """Drop the description of fake outputs from every AOTAutograd entry in ``cache``."""
+    stripped = 0
+    for path in (cache / "aotautograd").rglob("*"):
+        entry = pickle.loads(path.read_bytes()) if path.is_file() else None
+        if entry is not None and hasattr(entry, "_coordinator_fake_outputs"):
+            del entry._coordinator_fake_outputs
+            path.write_bytes(pickle.dumps(entry))
+            stripped += 1
+    return stripped
+
+
+def test_outputs_that_view_a_larger_buffer_are_served_and_a_refused_restart_trains_right(job, tmp_path):
+    # Attention over a fused q/k/v projection: in each layer one of q, k, v reaches the
+    # attention unchanged, a strided slice of the fused buffer (at offset 0, then at an
+    # offset), which the forward saves for the backward: an output over a larger storage
+    # than it spans, with no other output holding that storage. Static shapes, then the
+    # recompile's symbolic batch.
+    cache = tmp_path / "cache"
+    options = {**OPTIONS, "model": "fused_qkv", "store": f"file://{tmp_path / 'store'}"}
+    cold = job(1, options, name="cold", cache_dirs={0: cache})
+    require_success(cold)
+    cold = cold[0]
+    graphs = split(cold)["saved"]
+    frames = cold.report["split_graphs"]["frames"]
+    assert len(frames) == 2 and graphs == sum(len(frame["hits"]) for frame in frames) >= 6, (frames, split(cold))
+    assert split(cold)["bypassed"] == 0, cold.log[-3000:]
+
+    # From the store, with an empty cache dir: every one served, and what each next bucket
+    # was compiled for equals what torch's own path handed it (sizes, strides, offsets,
+    # storage sizes, attributes).
+    restart = job(1, options, name="restart")
+    require_success(restart)
+    assert split(restart[0]) == {"saved": 0, "served": graphs, "bypassed": 0, "refused": 0}
+    assert_same_training(cold, restart[0])
+
+    # Every split graph refused (the cold run's own cache dir, its descriptions dropped):
+    # each is compiled by AOTAutograd again, described and saved again, and trains right.
+    assert strip_descriptions(cache) == graphs
+    refused = job(1, {**options, "store": None}, name="refused", cache_dirs={0: cache})
+    require_success(refused)
+    assert split(refused[0]) == {"saved": graphs, "served": 0, "bypassed": 0, "refused": graphs}
+    assert_same_training(cold, refused[0])
+
+
 def test_the_switch_reads_its_environment_variable():
     assert Config.resolve(environ={}).cache_ddp_graphs is True
     assert Config.resolve(environ={"COORDINATOR_CACHE_DDP_GRAPHS": "0"}).cache_ddp_graphs is False
@@ -186,6 +231,60 @@ def test_outputs_with_views_aliases_inputs_and_symbolic_sizes_rebuild_exactly():
     assert rebuilt[2]._is_inductor_static is True and not hasattr(rebuilt[0], "_is_inductor_static")
     # A wrong rebuild is caught by the same comparison.
     assert same_outputs(rebuilt[:1] + rebuilt[2:3] + rebuilt[2:], outputs) is not None
+
+
+def forward_graph_outputs(module: torch.nn.Module, x: torch.Tensor, dynamic: bool) -> tuple[list, list]:
+    """The fake outputs and inputs of the forward graph AOTAutograd builds for ``module``
+    (what ``FakifiedOutWrapper`` returns for a split graph): torch's own, to compare with."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._inductor.compile_fx import min_cut_rematerialization_partition
+
+    captured = {}
+
+    def forward_compiler(gm, example_inputs):
+        captured["outputs"] = [node.meta.get("val") for node in gm.graph.find_nodes(op="output")[0].args[0]]
+        captured["inputs"] = [node.meta["val"] for node in gm.graph.find_nodes(op="placeholder")
+                              if isinstance(node.meta.get("val"), torch.Tensor)]
+        return gm
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler, bw_compiler=lambda g, _: g,
+                                     partition_fn=min_cut_rematerialization_partition)
+
+    torch._dynamo.reset()
+    torch.compile(module, backend=backend, dynamic=dynamic)(x).sum().backward()
+    return captured["outputs"], captured["inputs"]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "symbolic"])
+def test_outputs_over_a_larger_storage_rebuild_as_torch_made_them(dynamic):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from worker import FusedQKVAttention
+
+    from coordinator._compat.fake_outputs import _layout, _printer, describe_outputs, rebuild_outputs, same_outputs
+
+    torch.manual_seed(0)
+    outputs, inputs = {}, {}
+    for keep in "qv":  # the slice kept at offset 0, and at an offset
+        outputs[keep], inputs[keep] = forward_graph_outputs(FusedQKVAttention(64, 4, keep), torch.randn(2, 6, 64),
+                                                            dynamic)
+    for keep in "qv":
+        # Among torch's own outputs: a tensor, not a view, over a storage larger than it spans.
+        wide = [out for out in outputs[keep] if isinstance(out, torch.Tensor) and out._base is None
+                and out.untyped_storage().nbytes() > out.numel() * out.element_size()]
+        assert wide, [(tuple(o.shape), o.stride()) for o in outputs[keep] if isinstance(o, torch.Tensor)]
+        assert any(out.storage_offset() != 0 for out in wide) == (keep == "v")
+        mode = next(o for o in outputs[keep] if isinstance(o, torch.Tensor)).fake_mode
+        rebuilt = rebuild_outputs(describe_outputs(outputs[keep], inputs[keep]), mode)
+        assert same_outputs(rebuilt, outputs[keep]) is None
+        printer = _printer()
+        for new, old in zip(rebuilt, outputs[keep], strict=True):
+            if isinstance(old, torch.Tensor):  # sizes, strides, offsets and storage sizes, as torch made them
+                assert _layout(new, printer) == _layout(old, printer)
+        if dynamic:
+            assert any(not str(_layout(out, printer)["nbytes"]).isdigit() for out in wide)
 
 
 def test_unbacked_sizes_and_subclasses_are_left_to_the_bypass():

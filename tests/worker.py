@@ -15,7 +15,10 @@ Options:
         forward and three backward graphs, no DDP needed) | "split_mlp" (layers of
         different widths, 1 MB or more each: with ``bucket_cap_mb`` 1, DDPOptimizer splits
         the graph into several buckets whose outputs differ) | "conv" (convolutions with
-        BatchNorm and a linear head, split the same way)
+        BatchNorm and a linear head, split the same way) | "fused_qkv" (attention layers
+        whose q, k and v are parts of one fused projection, split the same way; in each
+        layer one part reaches the attention unchanged, a strided slice of the fused
+        buffer that the forward saves for the backward)
     shapes: the batch size of each step (default 8 for every step); a new size recompiles
         (with a dynamic batch dimension)
     tag_static_inputs: tag each graph's static inputs ``_is_inductor_static`` as Inductor
@@ -237,8 +240,45 @@ class RankBakingPass(CustomGraphPass):
         return "coordinator-tests-rank-baking"
 
 
+class FusedQKVAttention(torch.nn.Module):
+    """Attention over one fused q/k/v projection, split into its three parts. All parts
+    but ``keep`` are changed (as a rotary embedding changes q and k); ``keep`` stays a
+    strided slice of the fused buffer, which the forward saves for the backward."""
+
+    def __init__(self, width: int, heads: int, keep: str) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.out = torch.nn.Linear(width, width)
+        self.heads, self.keep = heads, keep
+
+    def forward(self, x):
+        batch, seq, width = x.shape
+        parts = self.qkv(x).split(width, dim=-1)
+        parts = [part.view(batch, seq, self.heads, width // self.heads).transpose(1, 2) for part in parts]
+        q, k, v = (part if name == self.keep else part * 0.5 + part.flip(-1) * 0.25
+                   for name, part in zip("qkv", parts, strict=True))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.out(y.transpose(1, 2).reshape(batch, seq, width))
+
+
+class FusedQKV(torch.nn.Module):
+    """Two ``FusedQKVAttention`` layers (q kept, then v kept) over a batch of 512-wide rows
+    read as 4 positions of 128."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(128, 512)
+        self.layers = torch.nn.Sequential(FusedQKVAttention(512, 8, "q"), FusedQKVAttention(512, 8, "v"))
+        self.head = torch.nn.Linear(512, 16)
+
+    def forward(self, x):
+        return self.head(self.layers(self.embed(x.view(x.shape[0], 4, 128))))
+
+
 def make_model(kind: str, rank: int) -> torch.nn.Module:
     torch.manual_seed(0)
+    if kind == "fused_qkv":
+        return FusedQKV()
     if kind == "split_mlp":
         # A bucket ends in tanh, whose backward reads its output: the output DDPOptimizer
         # hands on is also one the backward takes.
@@ -411,7 +451,7 @@ def main() -> None:
     if kind == "conv":
         batches = [torch.randn(n, 3, 8, 8) for n in shapes]
     else:
-        batches = [torch.randn(n, 512 if kind in ("repeated", "split_mlp") else 16) for n in shapes]
+        batches = [torch.randn(n, 512 if kind in ("repeated", "split_mlp", "fused_qkv") else 16) for n in shapes]
     batches = [x.to(dtype) for x in batches]
     losses, ref_losses, step_times, grad_norms = [], [], [], []
     # An optimizer step that changes nothing (lr 0): marks each step in a coordinator trace.

@@ -216,10 +216,14 @@ def _rebuild_layout(layout: dict, shape_env: Any, storage: Any, base: Any) -> An
             return base.as_strided(size, stride, offset)
     if storage is not None:
         out = over(storage, offset, size, stride)
-    elif layout["offset"] != "0":
-        raise Mismatch("a tensor with a storage offset must be a view")
     else:
         out = torch.empty_strided(size, stride, dtype=dtype, device=device)
+        if layout["offset"] != "0" or _expr(out.untyped_storage().nbytes(), _printer()) != layout["nbytes"]:
+            # Not a view, yet over a larger buffer than it spans (a part of a fused
+            # projection, once the trace dropped the view): a storage of the size recorded.
+            nbytes = deserialize(shape_env, layout["nbytes"])
+            whole = torch.empty((nbytes,), dtype=torch.uint8, device=device).untyped_storage()
+            out = over(whole, offset, size, stride)
     return out.requires_grad_(True) if requires_grad else out
 
 
