@@ -9,6 +9,9 @@ Models are built from HuggingFace ``transformers`` configs (random init, no down
 * ``llama-dynamic``: the same, ``torch.compile(dynamic=True)``;
 * ``llama-solo``: the same without DDP (each rank all-reduces its gradients itself,
   outside the compiled model), so no frame is split by DDPOptimizer;
+* ``phi3``: ``Phi3ForCausalLM`` under DDP: its attention splits one fused q/k/v projection
+  into q, k and v (and its MLP one fused gate/up projection), so the graphs DDPOptimizer
+  splits out return slices of a larger buffer;
 * ``bert``: ``BertForMaskedLM`` under DDP (dropout on);
 * ``convnext``: ``ConvNextForImageClassification`` under DDP;
 * ``qwen-fsdp``: ``Qwen2ForCausalLM`` under FSDP2, ``fully_shard`` and ``compile`` per decoder
@@ -35,14 +38,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-MODELS = ("llama", "llama-dynamic", "llama-solo", "bert", "convnext", "qwen-fsdp")
+MODELS = ("llama", "llama-dynamic", "llama-solo", "phi3", "bert", "convnext", "qwen-fsdp")
 #: Model sizes: "bench" for benchmarks/model_suite.py, "tiny" for the tests.
 SIZES = {
     "bench": {"hidden": 128, "layers": 2, "heads": 4, "vocab": 512, "batch": 4, "seq": (32, 48), "image": 64},
     "tiny": {"hidden": 32, "layers": 2, "heads": 2, "vocab": 128, "batch": 2, "seq": (8, 12), "image": 32},
     # Large enough for DDP to split every model into two or more buckets (its first holds 1 MB).
     "split": {"hidden": 512, "layers": 4, "heads": 8, "vocab": 512, "batch": 4, "seq": (32, 48), "image": 64},
-    # The GPU restart job (benchmarks/restart.py): a 142M Llama in bf16, 16 query and key/value heads.
+    # The GPU restart job (benchmarks/restart.py): a 142M Llama (or Phi-3) in bf16, 16 query and
+    # key/value heads.
     "restart": {"hidden": 1024, "intermediate": 2816, "layers": 6, "heads": 16, "kv_heads": 16, "vocab": 32000,
                 "batch": 8, "seq": (512, 384), "image": 224, "dtype": "bfloat16"},
 }
@@ -59,6 +63,14 @@ def build(name: str, size: dict) -> torch.nn.Module:
                                 num_key_value_heads=size.get("kv_heads", heads // 2),
                                 max_position_embeddings=max(256, *size["seq"]))
         return tf.LlamaForCausalLM(config)
+    if name == "phi3":
+        config = tf.Phi3Config(vocab_size=size["vocab"], hidden_size=h,
+                               intermediate_size=size.get("intermediate", 2 * h), num_hidden_layers=layers,
+                               num_attention_heads=heads,
+                               num_key_value_heads=size.get("kv_heads", heads // 2),
+                               max_position_embeddings=max(256, *size["seq"]),
+                               pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        return tf.Phi3ForCausalLM(config)
     if name == "qwen-fsdp":
         config = tf.Qwen2Config(vocab_size=size["vocab"], hidden_size=h, intermediate_size=2 * h,
                                 num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
@@ -115,7 +127,17 @@ def main() -> None:
     p.add_argument("--json", required=True)
     p.add_argument("--cache-per-rank", action="store_true",
                    help="each rank its own empty Inductor cache dir, as ranks on separate nodes have")
+    p.add_argument("--profile", default=None, metavar="PREFIX",
+                   help="profile this process with cProfile into PREFIX.rank<N>.prof (timings then include "
+                        "the profiler's overhead)")
     args = p.parse_args()
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        atexit.register(lambda: (profiler.disable(), profiler.dump_stats(
+            f"{args.profile}.rank{os.environ.get('RANK', 0)}.prof")))
+        profiler.enable()
     if args.cache_per_rank:
         import tempfile
 
