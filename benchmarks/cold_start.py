@@ -26,6 +26,7 @@ table, command and machine into ``benchmarks/RESULTS.md`` (its own marked sectio
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -331,6 +332,14 @@ def save(args, raw: dict, table: list[dict], job_args: list[str]) -> None:
     results.mkdir(exist_ok=True)
     (results / f"{args.label}.json").write_text(json.dumps(raw, indent=1))
     write_section(Path(args.out), args.label, markdown(args, raw, table, job_args))
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_count() -> int:
+    """CUDA GPUs this machine has (0 without CUDA), read in a child process so that this
+    one does not initialize CUDA before it starts jobs."""
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    return int(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
 
 
 def machine(gpus: int) -> str:

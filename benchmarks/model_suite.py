@@ -12,7 +12,8 @@ rank has an empty Inductor cache dir of its own, as ranks on separate nodes do
 rounds (per model: plain N=1, coordinator N=1, coordinator N=2.., plain N=2..), so drift on
 the host spreads over the rows. ``--traced N`` adds rows "traced": ``coordinator-run
 --coordinator-trace DIR`` (tracing's cost; the raw runs count the events written). With
-``--gpu``, every rank uses ``cuda:0`` over gloo (one GPU shared).
+``--gpu``, each rank has a GPU of its own over NCCL where the machine has one per rank (as
+on a real node), else the ranks share ``cuda:0`` over gloo.
 
 Columns: the time until every rank has finished every step (the shape change's recompile
 included) and step 1, medians; each ÷ plain N=1, the median of each run's ratio to the
@@ -40,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "benchmarks" / "model_suite_job.py"
-from cold_start import machine, write_section  # noqa: E402
+from cold_start import gpu_count, machine, write_section  # noqa: E402
 from model_suite_job import MODELS  # noqa: E402
 
 #: Row name -> module run; "traced" is coordinator-run with ``--coordinator-trace`` (``--traced``).
@@ -56,7 +57,7 @@ def run_job(model: str, n: int, launcher: str, args: argparse.Namespace) -> dict
         if not args.node_cache:
             cmd.append("--cache-per-rank")
         env = dict(os.environ, TMPDIR=tmp, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        if args.gpu:
+        if args.gpu and n > gpu_count():
             env["SUITE_BACKEND"] = "gloo"
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=args.timeout)
@@ -150,7 +151,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--size", default="bench")
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--gpu", action="store_true", help="ranks share cuda:0 over gloo")
+    p.add_argument("--gpu", action="store_true",
+                   help="a GPU per rank over NCCL where there are enough, else ranks share cuda:0 over gloo")
     p.add_argument("--node-cache", action="store_true", help="one Inductor cache dir per job, not per rank")
     p.add_argument("--plain-ranks", type=int, nargs="*", default=None,
                    help="N for the plain rows beyond N=1 (default: every N in --ranks)")
@@ -174,7 +176,8 @@ def main() -> None:
     ours = [(launcher, n) for n in args.ranks for launcher in ("coordinator", "traced")
             if launcher == "coordinator" or n in args.traced]
     plan = [("plain", 1)] + ours + [("plain", n) for n in plain_ranks if n > 1]
-    raw = {"command": "python benchmarks/model_suite.py " + " ".join(sys.argv[1:]), "machine": machine(int(args.gpu)),
+    raw = {"command": "python benchmarks/model_suite.py " + " ".join(sys.argv[1:]),
+           "machine": machine(gpu_count() if args.gpu else 0),
            "runs": {}}
     table: list[dict] = []
     for model in args.models:

@@ -19,8 +19,9 @@ per frame; in brackets with the lazy backward compiles, ``total_wall_time``); AO
 cache hits/misses/bypasses summed over ranks; of the hits, DDP split graphs (ours); seconds
 loading compiled modules (``PyCodeCache.load_by_key_path``, rank 0); how far the losses are from
 its cold job's ("equal": bit for bit; on a GPU, atomics in the backward make steps after the
-first differ in the last digits between any two runs, stock's too). With ``--gpu`` every rank
-uses ``cuda:0`` (gloo for N > 1). Before the first job, one process imports what the jobs
+first differ in the last digits between any two runs, stock's too). With ``--gpu`` each rank
+has a GPU of its own over NCCL where the machine has one per rank (as on a real node), else
+the ranks share ``cuda:0`` over gloo. Before the first job, one process imports what the jobs
 import, so that no job pays for a cold page cache.
 Prints the table, writes the raw jobs to ``benchmarks/results/<label>.json`` and the table
 into ``benchmarks/RESULTS.md``.
@@ -39,19 +40,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "benchmarks" / "model_suite_job.py"
-from cold_start import machine, write_section  # noqa: E402
+from cold_start import gpu_count, machine, write_section  # noqa: E402
 from model_suite_job import MODELS  # noqa: E402
 
 JOBS = ("stock cold", "ours cold", "stock restart", "ours restart")
 
 
-def run_job(name: str, model: str, n: int, dirs: dict[str, Path], args: argparse.Namespace) -> dict:
+def run_job(name: str, model: str, n: int, dirs: dict[str, Path], args: argparse.Namespace,
+            profile: str | None = None) -> dict:
     ours = name.startswith("ours")
     cache = dirs[name] if name != "stock restart" else dirs["stock cold"]
     out = dirs["work"] / f"{name.replace(' ', '-')}-{model}-n{n}.json"
     launcher = "coordinator.launcher" if ours else "torch.distributed.run"
     cmd = [sys.executable, "-m", launcher, "--standalone", f"--nproc-per-node={n}", str(JOB), "--model", model,
            "--size", args.size, "--steps", str(args.steps), "--json", str(out)]
+    if profile:
+        cmd += ["--profile", profile]
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton"),
                TMPDIR=str(dirs["work"]), SUITE_LAUNCHED=repr(time.time()),
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -59,8 +63,10 @@ def run_job(name: str, model: str, n: int, dirs: dict[str, Path], args: argparse
         env["COORDINATOR_STORE"] = f"file://{dirs['store']}"
         if args.precompile:
             env["COORDINATOR_PRECOMPILE"] = "1"
-    if args.gpu and n > 1:
+    if args.gpu and n > 1 and n > gpu_count():
         env["SUITE_BACKEND"] = "gloo"
+    if ours and args.bypass_split_graphs and name == "ours cold":
+        env["COORDINATOR_CACHE_DDP_GRAPHS"] = "0"  # no split graph in the store: the restart runs AOTAutograd
     begin = time.perf_counter()
     done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=args.timeout)
@@ -127,14 +133,21 @@ def main() -> None:
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 3])
     p.add_argument("--size", default="bench")
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--gpu", action="store_true", help="ranks share cuda:0 (gloo for N > 1)")
+    p.add_argument("--gpu", action="store_true",
+                   help="a GPU per rank over NCCL where there are enough, else ranks share cuda:0 over gloo")
     p.add_argument("--precompile", action="store_true", help="ours with precompiled functions (setting precompile)")
+    p.add_argument("--bypass-split-graphs", action="store_true",
+                   help="ours' cold job with cache_ddp_graphs off: no split graph is in the store, so ours' restart "
+                        "runs AOTAutograd for every one, as stock's does (the cost of split graphs that are refused)")
+    p.add_argument("--profile-restarts", default=None, metavar="DIR",
+                   help="after the four jobs, run both restarts once more under cProfile into DIR (not timed)")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--job-logs", default=None, metavar="DIR", help="keep each job's output in DIR")
     p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     args = p.parse_args()
-    raw = {"command": "python benchmarks/restart.py " + " ".join(sys.argv[1:]), "machine": machine(int(args.gpu)),
+    raw = {"command": "python benchmarks/restart.py " + " ".join(sys.argv[1:]),
+           "machine": machine(gpu_count() if args.gpu else 0),
            "jobs": []}
     table: list[dict] = []
     subprocess.run([sys.executable, "-c", "import torch, transformers, torch._inductor.compile_fx"], check=True)
@@ -154,6 +167,13 @@ def main() -> None:
                 for name in JOBS:
                     cold = jobs["ours cold" if name.startswith("ours") else "stock cold"]["ranks"][0]["losses"]
                     table.append(row(jobs[name], jobs["stock restart"]["wall_s"], cold))
+                if args.profile_restarts:  # once more each, profiled; not in the table
+                    Path(args.profile_restarts).mkdir(parents=True, exist_ok=True)
+                    for name in ("stock restart", "ours restart"):
+                        if name == "ours restart":
+                            dirs[name] = Path(tmp) / "ours-restart-profiled"
+                        run_job(name, model, n, dirs, args,
+                                profile=str(Path(args.profile_restarts) / f"{model}-n{n}-{name.replace(' ', '-')}"))
             save(args, raw, table)
     print(markdown(args, raw, table))
 
