@@ -23,7 +23,8 @@ rank's graph (``coordinator.early_backward``). The graphs DDPOptimizer splits ou
 DDP model, which AOTAutograd's cache bypasses, are saved to it and served from it
 (``_compat.cached_split_graphs``), so a restart skips AOTAutograd for them too. With
 ``precompile`` on, whole compiled functions are shared and installed without tracing
-(``coordinator.precompiled``).
+(``coordinator.precompiled``). On a GPU, Triton's driver utilities are built in the background
+as the session starts (``_compat.warm_driver_utilities``), not at the first kernel load.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ def _precompiled(session: Session) -> contextlib.AbstractContextManager[None]:
 @contextlib.contextmanager
 def route_caches(session: Session) -> Iterator[None]:
     """Send the session's configured Inductor caches through it for the duration."""
+    _compat.warm_driver_utilities()  # a restart's first kernel load finds Triton's driver built
     backends = {kind: _backend_class(session, kind) for kind in _compat.routable_kinds(session.config.caches)}
     served = functools.partial(share_local_hit, session) if session.config.share_local_hits else None
     tune = "autotune" in backends

@@ -94,6 +94,9 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``_logging._internal.trace_log``, ``CompileContext.current_compile_id``. Ran on 2.13.0 and
   2.14.1 (CPU tests, with tlparse 0.4.3); ``current_compile_id`` and ``trace_log`` also on
   2.11.0 on an H200 (a traced job without ``TORCH_TRACE``).
+* ``triton_driver``: Triton's CUDA driver utilities built in the background when a session
+  starts (``warm_driver_utilities``): ``triton.backends.nvidia.driver.CudaUtils``. Triton 3.6
+  with 2.11.0 on an H100 (the restart benchmark); read from Triton 3.8's source (2.14.1).
 * ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
 """
@@ -142,6 +145,7 @@ from coordinator._compat.split_graphs import (
     split_graphs_unsupported,
 )
 from coordinator._compat.structured_trace import current_compile_id, emit_structured, structured_trace_on
+from coordinator._compat.triton_driver import warm_driver_utilities
 from coordinator._compat.triton_tuning import (
     adopt_config,
     defer_autotune_save,
@@ -203,4 +207,5 @@ __all__ = [
     "structured_trace_on",
     "triton_cache_dir",
     "triton_tuning_hooks",
+    "warm_driver_utilities",
 ]
