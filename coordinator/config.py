@@ -24,6 +24,7 @@ compile_choices_once         COORDINATOR_COMPILE_CHOICES_ONCE    true
 signalled_waits              COORDINATOR_SIGNALLED_WAITS         true
 early_backward               COORDINATOR_EARLY_BACKWARD          true
 cache_ddp_graphs             COORDINATOR_CACHE_DDP_GRAPHS        true (where torch allows)
+concurrent_splits            COORDINATOR_CONCURRENT_SPLITS       true (with cache_ddp_graphs)
 precompile                   COORDINATOR_PRECOMPILE              false
 trace_dir                    COORDINATOR_TRACE                   none (no trace)
 ===========================  ==================================  ==========================
@@ -62,6 +63,7 @@ _ENV = {
     "signalled_waits": "COORDINATOR_SIGNALLED_WAITS",
     "early_backward": "COORDINATOR_EARLY_BACKWARD",
     "cache_ddp_graphs": "COORDINATOR_CACHE_DDP_GRAPHS",
+    "concurrent_splits": "COORDINATOR_CONCURRENT_SPLITS",
     "precompile": "COORDINATOR_PRECOMPILE",
     "trace_dir": "COORDINATOR_TRACE",
 }
@@ -115,6 +117,7 @@ _PARSE_ENV = {
     "signalled_waits": _flag,
     "early_backward": _flag,
     "cache_ddp_graphs": _flag,
+    "concurrent_splits": _flag,
     "precompile": _flag,
     "trace_dir": lambda name, raw: Path(raw),
 }
@@ -180,6 +183,12 @@ class Config:
     which bypasses them, so that a restart (and a rank that finds another rank's entry)
     skips AOTAutograd for them (``_compat.cached_split_graphs``). Only on the torch
     versions it was checked on; elsewhere it stays off, with one INFO line."""
+
+    concurrent_splits: bool = True
+    """When DDPOptimizer splits a frame of a DDP model into one graph per bucket, the ranks
+    compile a share of its graphs each, at the same time, before the chain that compiles
+    them one after another, and the chain loads what the others compiled
+    (``coordinator.split_shares``). Needs ``cache_ddp_graphs`` and more than one rank."""
 
     precompile: bool = False
     """Share each compiled function's precompiled form (Dynamo's caching precompile):

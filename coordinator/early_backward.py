@@ -139,7 +139,7 @@ class EarlyBackwards:
             else:  # loaded from this rank's own local cache: nothing to compile
                 self.counts.skipped += 1
         except Exception as exc:
-            if _is_skip(exc):
+            if _compat.is_skip(exc):
                 outcome = "skipped"
                 self.counts.skipped += 1
             else:
@@ -151,14 +151,3 @@ class EarlyBackwards:
             self.counts.seconds += time.monotonic() - started
             self._events.span("early backward", began, outcome=outcome)
 
-
-def _is_skip(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is, or wraps (Inductor re-raises compile errors wrapped), a
-    ``SkipCompile``."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, _compat.SkipCompile):
-            return True
-        exc = exc.__cause__ or exc.__context__ or getattr(exc, "inner_exception", None)
-        seen += 1
-    return False

@@ -21,7 +21,8 @@ defers to the first backward call are reported to the session
 (``_compat.deferred_backwards``), whose rank compiles them while it waits for another
 rank's graph (``coordinator.early_backward``). The graphs DDPOptimizer splits out of a
 DDP model, which AOTAutograd's cache bypasses, are saved to it and served from it
-(``_compat.cached_split_graphs``), so a restart skips AOTAutograd for them too. With
+(``_compat.cached_split_graphs``), so a restart skips AOTAutograd for them too, and the ranks
+compile a share each of every split frame before its chain (``coordinator.split_shares``). With
 ``precompile`` on, whole compiled functions are shared and installed without tracing
 (``coordinator.precompiled``). On a GPU, Triton's driver utilities are built in the background
 as the session starts (``_compat.warm_driver_utilities``), not at the first kernel load.
@@ -86,6 +87,16 @@ def _split_graphs(session: Session) -> contextlib.AbstractContextManager[None]:
     return _compat.cached_split_graphs(lambda event, _detail: session.stats.record_split_graph(event))
 
 
+def _split_shares(session: Session, backends: dict[str, type]) -> contextlib.AbstractContextManager[None]:
+    """Each rank compiles a share of every frame DDPOptimizer splits, where the split
+    graphs are served from AOTAutograd's cache (the chain loads the shares through it)."""
+    config = session.config
+    if not (config.concurrent_splits and config.cache_ddp_graphs and "aot_autograd" in backends
+            and "fx_graph" in backends and _compat.split_graphs_unsupported() is None):
+        return contextlib.nullcontext()
+    return _compat.split_frames(session.shares.before_chain)
+
+
 def _precompiled(session: Session) -> contextlib.AbstractContextManager[None]:
     """Precompiled functions shared through the session, where asked for and this torch allows."""
     if not _available(session.config.precompile, _compat.precompile_unsupported,
@@ -110,6 +121,7 @@ def route_caches(session: Session) -> Iterator[None]:
     session.stats.aot_autograd_hits = lambda: _compat.aot_autograd_cache_hits() - aot_hits_before
     with (
         _split_graphs(session),
+        _split_shares(session, backends),
         _precompiled(session),
         _compat.collective_switches_off(),
         _compat.routed_remote_caches(backends),
@@ -123,7 +135,8 @@ def route_caches(session: Session) -> Iterator[None]:
         _compat.triton_tuning_hooks(session.tuning.step) if tune else contextlib.nullcontext(),
         _compat.precompile_choices_in_process() if session.config.compile_choices_once
         else contextlib.nullcontext(),
-        _compat.deferred_backwards(session.early.add) if session.config.early_backward and "fx_graph" in backends
+        _compat.deferred_backwards(session.backward_deferred)
+        if (session.config.early_backward or session.config.concurrent_splits) and "fx_graph" in backends
         else contextlib.nullcontext(),
     ):
         yield

@@ -31,6 +31,7 @@ from coordinator.integrity import open_sealed, seal
 from coordinator.node import NodeCache
 from coordinator.rank_dependence import RankDependence
 from coordinator.singleflight import LookupResult, Owner, Singleflight
+from coordinator.split_shares import SplitShares
 from coordinator.stats import Stats
 from coordinator.stores import open_store
 from coordinator.stores.base import TimedStore
@@ -91,6 +92,9 @@ class Session:
         self.tuning = TuningSteps(lambda: self._flight)
         self.early = EarlyBackwards(self.flight, self.events)
         self.stats.early_backward = self.early.counts
+        self.shares = SplitShares(self.flight, self.store_key, self.events)
+        if config.concurrent_splits:
+            self.stats.split_shares = self.shares.counts
 
     # -- store -------------------------------------------------------------------------
 
@@ -154,6 +158,26 @@ class Session:
                     claims.append(key)
         return result
 
+    def _follow_share(self, flight: Singleflight, kind: str, key: str, result: LookupResult) -> LookupResult:
+        """A split frame's chain found no AOTAutograd entry: wait while another rank
+        compiles that submodule for the job (``coordinator.split_shares``), then look again."""
+        position = _compat.chain_position()
+        if position is None or not self.config.concurrent_splits:
+            return result
+        again = self.shares.follow(flight, position)
+        if again is None:
+            return result
+        if again:
+            result = self._lookup(flight, kind, key)
+        if result.value is None:
+            self.shares.missed()
+        return result
+
+    def backward_deferred(self, backward: _compat.DeferredBackward) -> None:
+        """A backward AOTAutograd deferred: a share's own, or one to compile early."""
+        if not _compat.capture_backward(backward) and self.config.early_backward:
+            self.early.add(backward)
+
     def _missed(self, kind: str, key: str, inductor_key: str, rejected: bool = False) -> None:
         # When this rank compiles a graph it did not claim (the store failed, or it held
         # another claim), kernels written since the miss travel with the entry.
@@ -180,6 +204,12 @@ class Session:
             # An early compile goes on only for a graph it claimed; one that a rank has,
             # or is compiling, is loaded when the backward pass needs it.
             raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
+        if kind == "fx_graph" and result.value is None and result.outcome != "claimed" and self.shares.compiling():
+            # A share waits on nothing: a graph another rank is compiling leaves this
+            # submodule to the chain.
+            raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
+        if kind == "aot_autograd" and result.value is None:
+            result = self._follow_share(flight, kind, key, result)
         self.stats.record_lookup(result)
         if result.value is None:
             log.debug("compile_once: %s miss %s (%s)", kind, key, result.outcome)

@@ -233,6 +233,46 @@ class Singleflight:
             return LookupResult(None, "nonblocking")
         return self._claim_or_wait(key, f"v/{key}", before_waiting)
 
+    def follow(self, key: str, *, grace_s: float = 0.0) -> LookupResult:
+        """Wait for ``key``'s value while another process holds a claim on it, never
+        claiming it (``coordinator.split_shares``: slots only their owners claim).
+
+        Outcomes: ``hit`` or ``waited`` with the value; ``unclaimed`` (nobody claimed it
+        within ``grace_s``); ``abandoned``; ``expired`` (the claimant's lease lapsed; it is
+        not taken over); ``deadline``; ``nonblocking`` (this process holds claims, or
+        waits nowhere now); ``unavailable``.
+        """
+        if not self.available:
+            return LookupResult(None, "unavailable")
+        try:
+            return self._follow(key, grace_s)
+        except StoreError as exc:
+            self._fail(exc)
+            return LookupResult(None, "unavailable")
+
+    def _follow(self, key: str, grace_s: float) -> LookupResult:
+        published = f"v/{key}"
+        value = self.store.get(published)
+        if value is not None:
+            return LookupResult(value, "hit")
+        if self.holds_claims() or getattr(self._thread, "no_waits", False):
+            return LookupResult(None, "nonblocking")
+        started = time.monotonic()
+        while self.store.get(f"c/{key}/0") is None:
+            # Not claimed yet (its owner may still be on its way), or published and its
+            # claim deleted since the first read.
+            value = self.store.get(published)
+            if value is not None:
+                return LookupResult(value, "hit", time.monotonic() - started)
+            if time.monotonic() - started >= grace_s:
+                return LookupResult(None, "unclaimed", time.monotonic() - started)
+            time.sleep(0.05)
+        gen = self._latest_gen(key, 0)
+        wait_began = time.time()
+        outcome, value, owner_rank = self._wait(key, gen, started, published)
+        self.events.span("wait", wait_began, key=short_key(key), owner=owner_rank, ended=WAIT_ENDINGS[outcome])
+        return LookupResult(value, outcome, time.monotonic() - started)
+
     def offer(self, key: str) -> LookupResult:
         """For a value this process already holds: make sure the store gets it, or wait
         for the rank computing it.

@@ -66,6 +66,8 @@ class Stats:
         #: Early backward compiles' counters (``coordinator.early_backward``).
         self.early_backward: Any = None
         self.split_graphs = SplitGraphCounts()
+        #: Split frames' shares' counters (``coordinator.split_shares``), when on.
+        self.split_shares: Any = None
         #: Precompiled functions' counters (``coordinator.precompiled``), when on.
         self.precompiled: Any = None
         #: Returns how many graphs skipped AOTAutograd (its cache hits) since the session began.
@@ -152,6 +154,8 @@ class Stats:
                                    if self.early_backward is not None else None),
                 "graphs_skipped_aot_autograd": self.aot_autograd_hits(),
                 "ddp_split_graphs": dataclasses.asdict(self.split_graphs),
+                "split_shares": (dataclasses.asdict(self.split_shares)
+                                 if self.split_shares is not None else None),
                 "precompiled_functions": (dataclasses.asdict(self.precompiled)
                                           if self.precompiled is not None else None),
             }
@@ -168,6 +172,7 @@ class Stats:
             f"store {d['store']} ({d['store_calls']} calls, {d['store_s']:.1f}s)"
             + self._aot_summary(d["graphs_skipped_aot_autograd"], d["ddp_split_graphs"])
             + self._early_summary(d["early_backward"])
+            + self._shares_summary(d["split_shares"])
             + self._precompiled_summary(d["precompiled_functions"])
         )
 
@@ -184,6 +189,13 @@ class Stats:
             return ""
         return (f"; {skipped} graphs skipped AOTAutograd ({split['served']} of them DDP split graphs; "
                 f"{split['saved']} split graphs saved, {split['bypassed'] + split['refused']} left to AOTAutograd)")
+
+    @staticmethod
+    def _shares_summary(s: dict | None) -> str:
+        if not s or not any(s[name] for name in ("compiled", "skipped", "failed", "waited", "missed")):
+            return ""
+        return (f"; split graphs compiled for the job: {s['compiled']} ({s['seconds']:.1f}s), {s['skipped']} skipped, "
+                f"{s['failed']} failed; waited for {s['waited']}, {s['missed']} compiled in the chain")
 
     @staticmethod
     def _early_summary(e: dict | None) -> str:

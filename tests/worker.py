@@ -43,6 +43,8 @@ Options:
         sleeps), so that ranks wait for one another's graphs as on a GPU
     external_store: "host:port" of a TCPStore hosted by the test, used as the store
     no_pg: do not initialize a process group (fault tests, where a rank dies)
+    private_pg: a process group of this rank alone (for DDP), while the coordinator sees the
+        job's ranks from RANK and WORLD_SIZE (fault tests of DDP models, where a rank dies)
     coordinator: run under compile_once (default true)
     bundle: "broadcast" (rank 0 runs its steps, then broadcasts its bundle, then the
         others run theirs), "save:<url>" (save this rank's bundle after the steps) or
@@ -406,10 +408,12 @@ def main() -> None:
 
         inductor_config.post_grad_custom_post_pass = passes[0] if len(passes) == 1 else Passes(passes)
 
-    use_pg = not options.get("no_pg")
+    use_pg = not options.get("no_pg") and not options.get("private_pg")
     if use_pg:
         timeout = options.get("pg_timeout_s")
         dist.init_process_group("gloo", timeout=None if timeout is None else timedelta(seconds=timeout))
+    elif options.get("private_pg"):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     store = options.get("store")
     if options.get("external_store"):
         host, port = options["external_store"].rsplit(":", 1)

@@ -73,6 +73,12 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``ddp_optimizer_ctx``, ``ShapeEnv.deserialize_symexpr``. Read from the sources of
   2.11.0, 2.13.0 and 2.14.1; the tests (``tests/test_split_graphs.py``) ran on all three
   on CPU; on 2.11.0 on an H100 (the restart benchmark, the GPU tier).
+* ``split_frames``: DDPOptimizer's split frames, their submodules compiled out of order
+  (``split_frames``, ``SplitFrame``, ``chain_position``, ``capture_backward``):
+  ``SubmodCompiler.run``/``compile_submod``, ``deepcopy_to_fake_tensor``, a copied
+  ``TracingContext``, ``graph_compile._cache_autograd_info``; the module's docstring lists
+  each. Read from the sources of 2.11.0, 2.13.0 and 2.14.1; the tests
+  (``tests/test_split_shares.py``) ran on all three on CPU.
 * ``precompile``: Dynamo's precompiled functions (``precompiled_functions``,
   ``complete_package``; ``PRECOMPILE_VERSIONS`` lists where it is offered):
   ``torch._dynamo.config.caching_precompile``, ``DynamoCache.load``/``record_package``,
@@ -101,7 +107,7 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
 """
 
-from coordinator._compat.backward import DeferredBackward, SkipCompile, deferred_backwards
+from coordinator._compat.backward import DeferredBackward, SkipCompile, deferred_backwards, is_skip
 from coordinator._compat.caches import (
     CACHE_KINDS,
     NO_REDIS_URL,
@@ -138,6 +144,7 @@ from coordinator._compat.precompile import (
     precompiled_functions,
 )
 from coordinator._compat.select_algorithm import device_name, precompile_choices_in_process
+from coordinator._compat.split_frames import SplitFrame, capture_backward, chain_position, split_frames
 from coordinator._compat.split_graphs import (
     SPLIT_GRAPH_VERSIONS,
     aot_autograd_cache_hits,
@@ -167,10 +174,13 @@ __all__ = [
     "RANK_READS_IGNORED_MODULES",
     "SPLIT_GRAPH_VERSIONS",
     "SkipCompile",
+    "SplitFrame",
     "adopt_config",
     "aot_autograd_cache_hits",
     "bundles_of_final_kernels",
     "cached_split_graphs",
+    "capture_backward",
+    "chain_position",
     "collective_switches_off",
     "complete_package",
     "compile_workers_without_redis",
@@ -190,6 +200,7 @@ __all__ = [
     "has_nccl_process_group",
     "inductor_cache_dir",
     "inductor_counters",
+    "is_skip",
     "kernel_autotune_cache",
     "on_compile_end",
     "precompile_unsupported",
@@ -203,6 +214,7 @@ __all__ = [
     "routed_remote_caches",
     "share_config_kept_from_cache",
     "ships_kernels",
+    "split_frames",
     "split_graphs_unsupported",
     "structured_trace_on",
     "triton_cache_dir",

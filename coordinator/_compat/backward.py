@@ -9,9 +9,9 @@ compiled function. Everything that compile needs is known once the forward is co
 whose :meth:`~DeferredBackward.compile` runs the compile the first backward call would
 run, with the forward metadata of that graph set on the tracing context (as
 ``_AutogradBackwardCompiler._prepare_lazy_backward_context`` does for DDPOptimizer's
-split graphs, whose bucket counter it leaves alone), and drops the result: what it
-leaves is the FX-graph entry, in the store and in the local cache, which the first
-backward call's own compile then loads.
+split graphs, whose bucket counter it leaves alone), and returns the compiled function.
+An early compile drops it: what it leaves is the FX-graph entry, in the store and in the
+local cache, which the first backward call's own compile then loads.
 
 Private names: ``_functorch._aot_autograd.graph_compile._aot_stage2b_bw_compile`` (its
 arguments ``fw_metadata``, ``aot_config`` and, from 2.13, ``bw_compiler``; on 2.11 the
@@ -41,16 +41,29 @@ class SkipCompile(Exception):
     or is compiling it. Never escapes :meth:`DeferredBackward.compile`."""
 
 
+def is_skip(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is, or wraps (Inductor and Dynamo re-raise compile errors wrapped),
+    a :class:`SkipCompile`."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, SkipCompile):
+            return True
+        exc = exc.__cause__ or exc.__context__ or getattr(exc, "inner_exception", None)
+        seen += 1
+    return False
+
+
 class DeferredBackward:
     """One graph's backward that AOTAutograd will compile at its first backward call."""
 
     def __init__(self, info: Any, bw_compiler: Callable[..., Any], fw_metadata: Any, disable_amp: bool,
-                 aot_id: Any = None) -> None:
+                 aot_id: Any = None, aot_config: Any = None) -> None:
         self.info = info
         self.bw_compiler = bw_compiler
         self.fw_metadata = fw_metadata
         self.disable_amp = disable_amp
         self.aot_id = aot_id
+        self.aot_config = aot_config
 
     def compiling_now(self) -> bool:
         """Whether AOTAutograd is compiling this backward on this process right now (its
@@ -60,9 +73,9 @@ class DeferredBackward:
 
         return f"{self.aot_id}_backward" in getattr(logging_utils, "graph_being_compiled", [])
 
-    def compile(self) -> None:
-        """Compile the backward now, as its first backward call would; the compiled
-        function is dropped. Raises :class:`SkipCompile` if a lookup stopped it."""
+    def compile(self) -> Any:
+        """Compile the backward now, as its first backward call would, and return the
+        compiled function. Raises :class:`SkipCompile` if a lookup stopped it."""
         import torch
         from torch._dynamo.utils import get_metrics_context
         from torch._guards import compile_context, tracing
@@ -78,7 +91,7 @@ class DeferredBackward:
                     get_metrics_context():
                 if context is not None:
                     context.fw_metadata = self.fw_metadata
-                self.bw_compiler(copy.deepcopy(info.bw_module), info.placeholder_list)
+                return self.bw_compiler(copy.deepcopy(info.bw_module), info.placeholder_list)
         finally:
             if context is not None:
                 # The forward compile this one ran inside of reads both after it.
@@ -108,7 +121,8 @@ def deferred_backwards(report: Callable[[DeferredBackward], None]) -> Iterator[N
                 bw_compiler = bound.get("bw_compiler") or aot_config.bw_compiler  # 2.11: on the config
                 # The caller decides on autocast from the state it is in, as this is now.
                 report(DeferredBackward(info, bw_compiler, bound["fw_metadata"],
-                                        torch._C._is_any_autocast_enabled(), getattr(aot_config, "aot_id", None)))
+                                        torch._C._is_any_autocast_enabled(), getattr(aot_config, "aot_id", None),
+                                        aot_config))
         except Exception:  # never fail a compile over an optimisation
             log.warning("compile_once: could not record a deferred backward compile", exc_info=True)
         return result

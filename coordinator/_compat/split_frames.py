@@ -1,0 +1,249 @@
+"""DDPOptimizer's split frames: the submodules of a frame, compiled out of their order.
+
+DDPOptimizer splits a DDP model's frame into one submodule per gradient bucket and
+compiles them in a chain (``SubmodCompiler.run``): each compile is handed the fake
+outputs of the one before. :func:`split_frames` calls ``before_chain`` with a
+:class:`SplitFrame` once the frame is split and before the chain starts, and tells which
+submodule the chain compiles while it compiles it (:func:`chain_position`).
+
+A :class:`SplitFrame` derives any submodule's inputs without compiling the ones before:
+it runs the earlier submodules, uncompiled, on fake tensors under the frame's own fake
+mode, as DDPOptimizer itself runs a submodule that AOTAutograd did not compile. It can
+compile a submodule from those inputs as the chain would (:meth:`SplitFrame.compile`):
+the submodule's compile, in a tracing context of its own that shares the frame's fake
+mode, shape environment and guards; its first call on the fake inputs; then the backward
+AOTAutograd deferred to the first backward call, and the AOTAutograd entry it saves
+then. Only the cache entries are kept: the chain compiles every submodule again, and finds
+them. A propagated input that differs from the chain's (Inductor gave an output other
+strides) only gives the chain another AOTAutograd key: a miss, compiled as before.
+
+Private names: ``_dynamo.backends.distributed.SubmodCompiler`` (``run``,
+``compile_submod``, ``module``, ``fake_mode``), ``_dynamo.utils.deepcopy_to_fake_tensor``,
+``torch._guards.tracing`` and ``TracingContext`` (copied; ``fakify_first_call``,
+``fw_metadata``, ``ddp_optimizer_ctx``, ``output_strides``, ``params_flat`` and its two
+siblings, ``aot_graph_name``), ``_functorch._aot_autograd.graph_compile._cache_autograd_info``
+(returns the ``try_save_cache_entry`` a lazily compiled backward calls), and the deferred
+backward of ``_compat.backward``. Read from the sources of 2.11.0, 2.13.0 and 2.14.1
+(``SubmodCompiler`` differs only in ``compiler_configs``, from 2.13).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+_thread = threading.local()
+
+
+def chain_position() -> tuple[SplitFrame, int] | None:
+    """The split frame and the index of the submodule its chain is compiling on this
+    thread, or ``None``."""
+    return getattr(_thread, "position", None)
+
+
+class SplitFrame:
+    """One frame DDPOptimizer split into submodules, before its chain compiles them."""
+
+    def __init__(self, submod_compiler: Any, example_inputs: tuple[Any, ...]) -> None:
+        import torch
+
+        self._compiler = submod_compiler
+        self._fake_mode = submod_compiler.fake_mode
+        self._inputs = list(example_inputs)
+        self._nodes = [node for node in submod_compiler.module.graph.nodes if node.op == "call_module"]
+        self.submodules = [submod_compiler.fetch_attr(str(node.target)) for node in self._nodes]
+        self._propagated: list[list[Any]] = []
+        self._env: dict[Any, Any] | None = None
+        self._pending: Iterator[Any] = iter(())
+        self._placeholders: Iterator[Any] = iter(())
+        self._torch = torch
+
+    def __len__(self) -> int:
+        return len(self.submodules)
+
+    def identity(self) -> str:
+        """A digest that is the same on every rank that split the same frame the same way:
+        the split graph's code, each submodule's code, and the frame's inputs' sizes,
+        strides, dtypes, devices and whether they require grad."""
+        digest = hashlib.sha256(self._compiler.module.code.encode())
+        for submodule in self.submodules:
+            digest.update(submodule.code.encode())
+        for value in self._inputs:
+            digest.update(_describe(value).encode())
+        return digest.hexdigest()[:40]
+
+    def costs(self) -> list[int]:
+        """Each submodule's operator count: what its compile costs, roughly."""
+        return [sum(1 for node in mod.graph.nodes if node.op in ("call_function", "call_method", "call_module"))
+                for mod in self.submodules]
+
+    def inputs(self, index: int) -> list[Any]:
+        """Submodule ``index``'s fake inputs, derived by running the submodules before it
+        uncompiled on fake tensors (as DDPOptimizer runs a submodule it did not compile)."""
+        from torch._dynamo.utils import deepcopy_to_fake_tensor, to_fake_tensor
+
+        torch, fake_mode = self._torch, self._fake_mode
+        if self._env is None:
+            self._env, self._pending = {}, iter(self._compiler.module.graph.nodes)
+            self._placeholders = iter(self._inputs)
+        while len(self._propagated) <= index:
+            node = next(self._pending)
+            args = [self._env[a] if isinstance(a, torch.fx.Node) else a for a in node.args]
+            if node.op == "placeholder":
+                self._env[node] = next(self._placeholders)
+            elif node.op == "call_function":  # getitem of a submodule's outputs
+                self._env[node] = node.target(*args)
+            elif node.op == "call_module":
+                args = [to_fake_tensor(a, fake_mode) if isinstance(a, torch.Tensor)
+                        and not isinstance(a, torch._subclasses.FakeTensor) else a for a in args]
+                self._propagated.append(args)
+                with fake_mode, mock.patch.object(fake_mode, "allow_non_fake_inputs", True):
+                    module = deepcopy_to_fake_tensor(self.fetch(node), fake_mode)
+                    self._env[node] = module(*args)
+        return self._propagated[index]
+
+    def fetch(self, node: Any) -> Any:
+        return self._compiler.fetch_attr(str(node.target))
+
+    def compile(self, index: int) -> bool:
+        """Compile submodule ``index`` from its propagated inputs as the chain would, for
+        its cache entries. Returns whether an AOTAutograd entry was saved (``False``: it
+        was found instead, or AOTAutograd left it out of its cache)."""
+        from torch._dynamo.backends.distributed import SubmodCompiler
+        from torch._guards import TracingContext, tracing
+
+        args = self.inputs(index)
+        original = self.submodules[index]
+        module = _copy_submodule(original)
+        context = copy.copy(TracingContext.get())
+        for name in ("fw_metadata", "ddp_optimizer_ctx", "output_strides", "aot_graph_name", "params_flat",
+                     "params_flat_unwrap_subclasses", "params_unwrapped_to_flat_index"):
+            if hasattr(context, name):
+                setattr(context, name, None)
+        context.fakify_first_call = True
+        capture = _Capture()
+        _thread.capture = capture
+        try:
+            with tracing(context):
+                compiled = _original_compile_submod(SubmodCompiler)(self._compiler, module, list(args), {})
+                fake_mode = self._fake_mode
+                with fake_mode, mock.patch.object(fake_mode, "allow_non_fake_inputs", True):
+                    compiled(*args)  # the first call, as the chain makes it, before the backward compiles
+        finally:
+            _thread.capture = None
+        if capture.saved or capture.backward is None or capture.save is None:
+            return capture.saved  # saved with a backward compiled at once (symbolic sizes), or a hit
+        compiled_backward = capture.backward.compile()
+        return capture.save(compiled_backward, capture.backward.info.bw_module, capture.backward.fw_metadata,
+                            capture.backward.aot_config) is not None
+
+
+def _copy_submodule(original: Any) -> Any:
+    """A copy of a split submodule with a graph of its own (``compile_submod`` rewrites its
+    module's output) and everything else of the original's, in the same order (AOTAutograd's
+    key pickles the module's attributes): parameters, Dynamo's metadata and the sources of
+    its inputs (which the key reads)."""
+    module = type(original).__new__(type(original))
+    shallow = ("_modules", "_parameters", "_buffers", "meta")
+    vars(module).update((name, copy.copy(value) if name in shallow else value)
+                        for name, value in vars(original).items())
+    module.graph = copy.deepcopy(original.graph)  # owned by the copy, its code regenerated
+    for mine, theirs in zip(module.graph.nodes, original.graph.nodes, strict=True):
+        if hasattr(theirs, "_dynamo_source"):  # set by DDPOptimizer on placeholders
+            mine._dynamo_source = theirs._dynamo_source
+    return module
+
+
+class _Capture:
+    """What one out-of-order compile left for its backward: the backward AOTAutograd
+    deferred, and the function that saves the AOTAutograd entry once it is compiled."""
+
+    def __init__(self) -> None:
+        self.backward: Any = None
+        self.save: Callable[..., Any] | None = None
+        self.saved = False
+
+
+def capture_backward(backward: Any) -> bool:
+    """Take a deferred backward reported on this thread while a :class:`SplitFrame`
+    compiles out of order; returns whether it was taken."""
+    capture = getattr(_thread, "capture", None)
+    if capture is None:
+        return False
+    capture.backward = backward
+    return True
+
+
+def _describe(value: Any) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"T{tuple(map(str, value.shape))}{tuple(map(str, value.stride()))}{value.dtype}{value.device}" \
+               f"{value.requires_grad}"
+    return repr(type(value).__name__) if not isinstance(value, (int, float, bool, str)) else repr(value)
+
+
+_ORIGINAL_COMPILE_SUBMOD = "_coordinator_original_compile_submod"
+
+
+def _original_compile_submod(cls: Any) -> Callable[..., Any]:
+    return getattr(cls, _ORIGINAL_COMPILE_SUBMOD, cls.compile_submod)
+
+
+@contextlib.contextmanager
+def split_frames(before_chain: Callable[[SplitFrame], None]) -> Iterator[None]:
+    """For the duration: call ``before_chain`` with each frame DDPOptimizer splits,
+    before its chain; mark which submodule the chain compiles (:func:`chain_position`);
+    and keep, for an out-of-order compile, the function that saves its AOTAutograd entry."""
+    from torch._dynamo.backends.distributed import SubmodCompiler
+    from torch._functorch._aot_autograd import graph_compile
+
+    original_run = SubmodCompiler.__dict__["run"] if "run" in SubmodCompiler.__dict__ else None
+    base_run = SubmodCompiler.run
+    original_compile_submod = SubmodCompiler.__dict__["compile_submod"]
+    original_cache_info = graph_compile.__dict__["_cache_autograd_info"]
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        frame = SplitFrame(self, args)
+        if len(frame) > 1:
+            before_chain(frame)
+        self._coordinator_frame = frame
+        return base_run(self, *args, **kwargs)
+
+    def compile_submod(self: Any, input_mod: Any, args: Any, kwargs: Any) -> Any:
+        frame = getattr(self, "_coordinator_frame", None)
+        index = next((i for i, m in enumerate(frame.submodules) if m is input_mod), None) if frame else None
+        outer = getattr(_thread, "position", None)
+        _thread.position = (frame, index) if index is not None else None
+        try:
+            return original_compile_submod(self, input_mod, args, kwargs)
+        finally:
+            _thread.position = outer
+
+    def cache_autograd_info(*args: Any, **kwargs: Any) -> Any:
+        save, entry = original_cache_info(*args, **kwargs)
+        capture = getattr(_thread, "capture", None)
+        if capture is not None:
+            capture.save = save
+            capture.saved = entry is not None
+        return save, entry
+
+    SubmodCompiler.run = run
+    SubmodCompiler.compile_submod = compile_submod
+    setattr(SubmodCompiler, _ORIGINAL_COMPILE_SUBMOD, original_compile_submod)
+    graph_compile._cache_autograd_info = cache_autograd_info
+    try:
+        yield
+    finally:
+        if original_run is None:
+            del SubmodCompiler.run
+        else:
+            SubmodCompiler.run = original_run
+        SubmodCompiler.compile_submod = original_compile_submod
+        delattr(SubmodCompiler, _ORIGINAL_COMPILE_SUBMOD)
+        graph_compile._cache_autograd_info = original_cache_info

@@ -1,0 +1,256 @@
+"""DDP's split graphs compiled at the same time: each rank compiles a share of a frame.
+
+DDPOptimizer splits each frame of a DDP model into one submodule per gradient bucket and
+compiles them in a chain, each compile handed the previous one's fake outputs; every rank
+walks that chain, so with the other ranks' graphs loaded instead of compiled a job's cold
+start still takes one chain's time. Yet all K submodules are known the moment the frame
+is split, and their inputs follow from running the earlier submodules, uncompiled, on fake
+tensors (``_compat.SplitFrame``).
+
+So when a frame is split, before its chain, each rank compiles a share of its submodules:
+
+* **Shares.** Submodules are dealt to the job's ranks by their operator counts, largest
+  first, each to the rank with the least so far (ties: lowest index, lowest rank). Every
+  rank computes the same deal from the same frame.
+* **Slots.** Each submodule has a slot in the store, keyed by the job, a digest of the
+  split frame that every rank computes alike, the compile settings, and its index. A rank
+  claims the slots of its share as soon as the frame is split, compiles each submodule from
+  its propagated inputs (forward, first call, backward, AOTAutograd entry: what the chain
+  would do), publishes the entries through the store as any compile does, then publishes
+  the slot. A global "done" mark lets a later job skip the submodules already in the store.
+* **The chain.** Then every rank walks the chain as DDPOptimizer does. Where a submodule's
+  AOTAutograd entry is not in the store, the rank follows its slot: it waits while the
+  slot's owner holds it, then reads the entry again. A slot that nobody claims within a
+  short grace, that its owner abandons (a graph it needed was being compiled elsewhere, or
+  its compile failed) or whose owner's lease lapses (it died), leaves that submodule to the
+  chain, which compiles it as before: AOTAutograd here, Inductor once per job through the
+  FX graphs' own claims. So AOTAutograd runs once per split graph and job.
+
+Why no wait cycle forms: slots are claimed only in a share, before the chain. A share
+waits on nothing: its lookups return at once (``Singleflight.no_waits``), an FX graph that
+another rank is compiling stops that submodule's compile (``SkipCompile``; its slot is
+abandoned), and it runs no collective; so every slot it claims is published or abandoned
+without waiting, or lapses with its owner's lease. A rank follows a slot only in its
+chain, holding no claim. Every wait on a slot therefore points at a rank in a step that
+waits for nobody.
+
+Why a propagated input gives the chain's key or a miss: the share compiles under the key
+AOTAutograd computes from the propagated inputs, and the chain finds the entry only under
+the key it computes from its own; an input that differs in anything the key reads (sizes,
+strides, storage offsets, dtypes, requires_grad, ...: Inductor gave the previous
+submodule's output other strides) gives the chain another key, so it misses and compiles,
+as without shares. The entry's fake outputs are checked against the FX entry again when
+they are served (``_compat.split_graphs``). The chain's misses of a slot are counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import heapq
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from coordinator import _compat
+from coordinator.singleflight import Singleflight
+from coordinator.trace import NO_EVENTS, NoEvents, short_key
+
+log = logging.getLogger(__name__)
+
+#: How long the chain looks for the claim of a slot that nobody holds yet (its owner may
+#: still be tracing the frame) before it compiles the submodule itself.
+CLAIM_GRACE_S = 5.0
+
+
+@dataclasses.dataclass
+class SplitShareCounts:
+    """What one rank's shares of split frames did."""
+
+    #: Submodules this rank compiled for the job (their entries saved and published).
+    compiled: int = 0
+    #: Submodules of its share it did not compile: already in the store, or one of
+    #: their graphs was being compiled by another rank.
+    skipped: int = 0
+    #: Share compiles that raised (the chain compiles them).
+    failed: int = 0
+    #: Seconds in shares (propagating inputs and compiling).
+    seconds: float = 0.0
+    #: Submodules of other ranks' shares the chain waited for and then loaded.
+    waited: int = 0
+    #: Submodules the chain found no entry for after their slot ended: a propagated
+    #: input that differed from the chain's, or an owner that gave up or died.
+    missed: int = 0
+
+
+def deal(costs: list[int], world: int) -> list[int]:
+    """The rank that compiles each submodule: largest cost first, each to the rank with
+    the least cost so far (ties: lower index, lower rank)."""
+    owners = [0] * len(costs)
+    loads = [(0, rank) for rank in range(world)]
+    heapq.heapify(loads)
+    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        load, rank = heapq.heappop(loads)
+        owners[index] = rank
+        heapq.heappush(loads, (load + costs[index], rank))
+    return owners
+
+
+def job_ranks() -> tuple[int, int]:
+    """(rank, world size) of this process in its job: torchrun's environment, else the
+    default process group, else a lone rank."""
+    if os.environ.get("RANK") and os.environ.get("WORLD_SIZE"):
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def job_id() -> str:
+    """An id every rank of this job (and of this restart of it) shares: torchrun's run id
+    and restart count, else one agreed through the default process group's store, else
+    empty (slots of an earlier job on the same store are then visible)."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run and run != "none":
+        return f"{run}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    store = _compat.default_c10d_store()
+    if store is None:
+        return ""
+    return store.compare_set("coordinator/job_id", "", uuid.uuid4().hex).decode()
+
+
+def _settings_digest() -> str:
+    """The compile settings AOTAutograd's and Inductor's keys read, as a digest."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    digest = hashlib.sha256()
+    for config in (inductor_config, functorch_config):
+        saved = config.save_config_portable() if hasattr(config, "save_config_portable") else {}
+        digest.update(repr(sorted(saved.items())).encode())
+    return digest.hexdigest()[:16]
+
+
+class SplitShares:
+    """One rank's shares of the frames DDPOptimizer splits, and the chain's slot waits."""
+
+    def __init__(self, flight: Callable[[], Singleflight | None], store_key: Callable[[str, str], str],
+                 events: NoEvents = NO_EVENTS) -> None:
+        self._flight = flight
+        self._store_key = store_key
+        self._events = events
+        self._job: str | None = None
+        self._running = threading.local()
+        #: (id of a split frame, index) -> (its slot's key, its "done" mark's key).
+        self._slots: dict[tuple[int, int], tuple[str, str]] = {}
+        self.counts = SplitShareCounts()
+
+    def compiling(self) -> bool:
+        """Whether this thread is compiling a share's submodule."""
+        return getattr(self._running, "share", False)
+
+    # -- the share -------------------------------------------------------------------------
+
+    def before_chain(self, frame: Any) -> None:
+        """Called with a frame DDPOptimizer just split: compile this rank's share of it."""
+        flight = self._flight()
+        rank, world = job_ranks()
+        if flight is None or world < 2:
+            return
+        started = time.monotonic()
+        try:
+            slots = self._slot_keys(frame)
+            owners = deal(frame.costs(), world)
+            mine = [index for index, owner in enumerate(owners) if owner == rank]
+            for index in self._claim(flight, [slots[i][0] for i in mine], mine):
+                self._compile(flight, frame, index, *slots[index])
+        except Exception:  # never fail the frame over a share: the chain compiles it all
+            log.warning("compile_once: compiling this rank's share of a split frame failed", exc_info=True)
+            flight.abandon_all()
+        finally:
+            self.counts.seconds += time.monotonic() - started
+
+    def _slot_keys(self, frame: Any) -> list[tuple[str, str]]:
+        """Each submodule's slot (this job's) and "done" mark (any job's) keys."""
+        if self._job is None:
+            self._job = job_id()
+        identity = f"{frame.identity()}/{_settings_digest()}"
+        keys = [(self._store_key("split_share", f"{self._job}/{identity}/{i}"),
+                 self._store_key("split_done", f"{identity}/{i}")) for i in range(len(frame))]
+        for index, pair in enumerate(keys):
+            self._slots[(id(frame), index)] = pair
+        return keys
+
+    def _claim(self, flight: Singleflight, slots: list[str], indices: list[int]) -> list[int]:
+        """Claim ``slots`` (those of ``indices``); returns the indices claimed."""
+        claimed = []
+        with flight.no_waits():
+            for slot, index in zip(slots, indices, strict=True):
+                if flight.lookup(slot, blocking=True).outcome == "claimed":
+                    claimed.append(index)
+                else:
+                    self.counts.skipped += 1
+        return claimed
+
+    def _compile(self, flight: Singleflight, frame: Any, index: int, slot: str, done: str) -> None:
+        """Compile submodule ``index`` of ``frame`` for the job, then end its slot."""
+        if flight.lookup(done, blocking=False).value is not None:
+            self.counts.skipped += 1  # a job before this one compiled it: in the store
+            flight.publish(slot, b"1")
+            return
+        began = time.time()
+        outcome = "failed"
+        self._running.share = True
+        try:
+            with flight.no_waits():
+                saved = frame.compile(index)
+            outcome = "compiled" if saved else "skipped"
+        except Exception as exc:
+            if _compat.is_skip(exc):
+                outcome = "skipped"
+            else:
+                log.warning("compile_once: compiling split graph %d of a frame for the job failed; the chain "
+                            "will compile it", index, exc_info=True)
+        finally:
+            self._running.share = False
+        setattr(self.counts, outcome, getattr(self.counts, outcome) + 1)
+        self._events.span("share", began, key=short_key(slot), index=index, outcome=outcome)
+        if outcome == "compiled":
+            flight.publish(done, b"1")
+            flight.publish(slot, b"1")
+            self._events.instant("publish", key=short_key(slot), bytes=1, ok=True)
+            log.debug("compile_once: compiled split graph %d of a frame for the job", index)
+        else:
+            flight.abandon(slot)
+
+    # -- the chain ---------------------------------------------------------------------------
+
+    def follow(self, flight: Singleflight, position: tuple[Any, int]) -> bool | None:
+        """The chain found no entry for the submodule at ``position``: wait on its slot
+        while another rank compiles it. Returns whether to look the entry up again
+        (``None``: the frame has no slots: this rank is alone, or has no store)."""
+        keys = self._slots.get((id(position[0]), position[1]))
+        if keys is None:
+            return None
+        result = flight.follow(keys[0], grace_s=CLAIM_GRACE_S)
+        if result.outcome in ("hit", "waited"):
+            if result.outcome == "waited":
+                self.counts.waited += 1
+            return True
+        if result.outcome != "nonblocking":
+            log.info("compile_once: split graph %d: its share %s; compiling it in the chain",
+                     position[1], {"unclaimed": "was not claimed", "abandoned": "was given up",
+                                   "expired": "owner stopped", "deadline": "took too long"}.get(
+                         result.outcome, result.outcome))
+        return False
+
+    def missed(self) -> None:
+        """The chain compiles a submodule of a split frame itself: its slot ended without
+        an entry under the chain's key."""
+        self.counts.missed += 1

@@ -1,0 +1,116 @@
+"""Each rank compiles a share of every frame DDPOptimizer splits (``coordinator.split_shares``).
+
+Real jobs: one process per rank, gloo, DDP with 1 MB buckets (DDPOptimizer splits the
+model's graph at each), a ``file://`` store. Two steps: batch 8, then batch 12 (a
+recompile, with a dynamic batch dimension: a second split frame).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import torch
+from conftest import require_success
+
+from coordinator import Config
+from coordinator.split_shares import deal
+
+OPTIONS = {"ddp": True, "bucket_cap_mb": 1, "shapes": [8, 12], "record_split": True}
+
+
+def split(result) -> dict:
+    return result.report["stats"]["ddp_split_graphs"]
+
+
+def shares(result) -> dict:
+    return result.report["stats"]["split_shares"]
+
+
+def split_graphs(result) -> int:
+    return sum(len(frame["hits"]) for frame in result.report["split_graphs"]["frames"])
+
+
+def test_the_ranks_compile_a_share_each_and_train_as_stock_does(job, tmp_path):
+    options = {**OPTIONS, "model": "fused_qkv"}
+    stock = job(2, {**options, "coordinator": False}, name="stock")
+    require_success(stock)
+    store = f"file://{tmp_path / 'store'}"
+    ours = job(2, {**options, "store": store}, name="ours")
+    require_success(ours)
+
+    graphs = split_graphs(ours[0])
+    frames = ours[0].report["split_graphs"]["frames"]
+    assert len(frames) == 2 and graphs >= 8, frames  # split, and the recompile's frame split too
+    # Each split graph (both frames) went through AOTAutograd and Inductor once in the
+    # job: the rank whose share it was saved its entry; every rank's chain loaded it.
+    assert sum(split(r)["saved"] for r in ours) == graphs, [split(r) for r in ours]
+    assert sum(shares(r)["compiled"] for r in ours) == graphs, [shares(r) for r in ours]
+    assert all(split(r)["served"] == graphs and shares(r)["missed"] == 0 for r in ours), [split(r) for r in ours]
+    assert all(shares(r)["compiled"] >= 1 for r in ours), [shares(r) for r in ours]  # both ranks took a share
+    assert sum(r.fx_misses for r in ours) == 2 * graphs  # a forward and a backward each, compiled once
+    assert all(r.report["stats"]["graphs_skipped_aot_autograd"] == graphs for r in ours)
+    for mine, theirs in zip(ours, stock, strict=True):
+        assert mine.report["split_graphs"]["submod_inputs"] == theirs.report["split_graphs"]["submod_inputs"]
+        assert mine.report["losses"] == theirs.report["losses"]
+        assert mine.report["grad_norms"] == theirs.report["grad_norms"]
+
+    # A restart from the store, with an empty cache dir: every split graph served, and no
+    # share compiles anything (their submodules are marked done in the store).
+    restart = job(2, {**options, "store": store}, name="restart")
+    require_success(restart)
+    for r in restart:
+        assert split(r) == {"saved": 0, "served": graphs, "bypassed": 0, "refused": 0}, split(r)
+        assert shares(r)["compiled"] == 0 and r.fx_misses == 0, shares(r)
+        assert r.report["losses"] == stock[0].report["losses"]
+
+
+def test_an_input_the_propagation_gets_wrong_is_a_miss_compiled_in_the_chain(job, tmp_path):
+    # Without keep_output_stride, Inductor gives the convolutions' outputs channels-last
+    # strides that eager would not: the inputs propagated to the next buckets differ from
+    # the chain's, so the chain's keys differ from the shares'. Those are misses that the
+    # chain compiles, with the right result.
+    env = {"TORCHINDUCTOR_KEEP_OUTPUT_STRIDE": "0"}
+    results = job(2, {**OPTIONS, "model": "conv", "store": f"file://{tmp_path / 'store'}"}, env=env)
+    require_success(results)
+    for r in results:
+        assert shares(r)["missed"] >= 1, shares(r)
+        assert split(r)["served"] + shares(r)["missed"] == split_graphs(r), (split(r), shares(r))
+        torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
+    assert results[0].report["losses"] == results[1].report["losses"]
+
+
+@pytest.mark.protocol
+def test_a_rank_killed_while_compiling_its_share_is_taken_over(job, tcp_store):
+    # Each rank trains its own DDP model (a process group of its own), so the job goes on
+    # when one dies; the coordinator sees the three ranks of the job (RANK, WORLD_SIZE,
+    # torchrun's run id). The first rank to compile anything, inside its share, dies: its
+    # slots' lease lapses, and the others' chains compile those submodules.
+    env = {"COORDINATOR_LEASE_S": "2", "TORCHELASTIC_RUN_ID": uuid.uuid4().hex}
+    results = job(3, {**OPTIONS, "model": "split_mlp", "private_pg": True,
+                      "external_store": f"127.0.0.1:{tcp_store.port}", "first_compiler": "die"}, env=env)
+    died = [r for r in results if r.returncode == 17]
+    survivors = [r for r in results if r.returncode != 17]
+    assert len(died) == 1, [(r.rank, r.returncode, r.log[-2000:]) for r in results]
+    require_success(survivors)
+    assert any("owner stopped" in r.log for r in survivors), [r.log[-3000:] for r in survivors]
+    for r in survivors:
+        assert split(r)["served"] + shares(r)["missed"] == split_graphs(r), (split(r), shares(r))
+        torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
+
+
+def test_the_deal_is_the_same_on_every_rank_and_balances_the_cost():
+    costs = [40, 10, 10, 25, 5, 30, 12]
+    owners = deal(costs, 3)
+    assert owners == deal(list(costs), 3)  # the same inputs, the same deal
+    loads = [sum(c for c, o in zip(costs, owners, strict=True) if o == rank) for rank in range(3)]
+    assert max(loads) - min(loads) <= max(costs), loads
+    assert sorted(set(owners)) == [0, 1, 2]
+    assert deal(costs, 1) == [0] * len(costs)
+    assert deal([], 4) == []
+
+
+def test_the_switch_reads_its_environment_variable():
+    assert Config.resolve(environ={}).concurrent_splits is True
+    assert Config.resolve(environ={"COORDINATOR_CONCURRENT_SPLITS": "0"}).concurrent_splits is False
+    assert Config.resolve(environ={"COORDINATOR_CONCURRENT_SPLITS": "0"}, concurrent_splits=True).concurrent_splits
