@@ -32,7 +32,9 @@ def split_graphs(result) -> int:
 
 
 def test_the_ranks_compile_a_share_each_and_train_as_stock_does(job, tmp_path):
-    options = {**OPTIONS, "model": "fused_qkv"}
+    # Static inputs tagged as on a GPU (Inductor's keys then read their storage offsets
+    # and sizes, and a backward compiled at once tags forward outputs the next bucket reads).
+    options = {**OPTIONS, "model": "fused_qkv", "tag_static_inputs": True}
     stock = job(2, {**options, "coordinator": False}, name="stock")
     require_success(stock)
     store = f"file://{tmp_path / 'store'}"
