@@ -17,6 +17,10 @@
 #                                            # $ROWS (a: one rank alone; d: compile_once) with each rank sampling its own
 #                                            # process (py-spy; carry its wheel: see below); then ROWS=d in the next call and
 #                                            # here: profile_summary.py A.json D.json --profiles DIR (the samples, untarred)
+#   bash benchmarks/gpu/runs.sh restart   # restarts (benchmarks/restart.py): models $MODELS (default llama phi3), the
+#                                            # 142M size, N=$RANKS (default 1; a GPU per rank over NCCL where there are
+#                                            # enough); PROFILE=1 adds a cProfile of both restarts ($LABEL-prof.tgz);
+#                                            # BYPASS=1: ours' cold job leaves the split graphs out of the store
 #   bash benchmarks/gpu/runs.sh recompile-probe  # one GPU, about a minute: does max-autotune compile each GEMM
 #                                            # template choice twice (precompile, then benchmark)? under which keys
 #   bash benchmarks/gpu/runs.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
@@ -51,7 +55,16 @@ SMALL="--dim 512 --seq 256 --layers 4"
 LARGE="--dim 768 --seq 512 --layers 12"
 REFS=${REFS-benchmarks/results/gpu-small-default-references.json}
 
-case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | recompile-probe | mac | repeated}" in
+case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | recompile-probe | mac | repeated | restart}" in
+  restart)
+    label=${LABEL:-gpu-restart-n${RANKS:-1}}
+    rm -rf "/tmp/jl-$label" /tmp/restart-prof
+    timeout "$(left)" python3 benchmarks/restart.py --label "$label" --models ${MODELS:-llama phi3} --size restart \
+      --ranks ${RANKS:-1} --gpu ${PROFILE:+--profile-restarts /tmp/restart-prof} ${BYPASS:+--bypass-split-graphs} \
+      --job-logs "/tmp/jl-$label" --results-dir "$OUT" --out "$OUT/$label.md" 2>&1 | tee "$OUT/$label.log"
+    tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .
+    if [ -n "${PROFILE:-}" ]; then tar czf "$OUT/$label-prof.tgz" -C /tmp/restart-prof .; fi
+    ;;
   timeout)
     for flag in "" --coordinator; do
       timeout 150 python3 benchmarks/timeout_scenario.py --timeout 10 $SMALL --cold-extra-s 8 $flag \
