@@ -14,8 +14,13 @@ graph, each through a temporary file and an atomic rename (as
 ``TritonBundler.read_and_emit`` does for cubins), so it never runs a compiler and a
 concurrent reader never sees half a library.
 
-On GPUs the FX entry carries its Triton kernels itself (Inductor's Triton bundling),
-except one kind: a kernel that coordinate descent tunes at its first launch, after
+On GPUs the FX entry carries its Triton kernels itself (Inductor's Triton bundling), but
+not the small C modules Triton builds with the host's compiler beside them, each in a
+Triton cache entry of its own: the launcher of each kernel signature that Inductor's
+static launcher cannot run (``__triton_launcher``), and the driver's utilities
+(``cuda_utils``). A rank that loads the graph on an empty Triton dir would build them
+again (0.3 s each on an H100); they travel with the entry (:func:`collect_triton_modules`),
+as written by the compile. And one kind of kernel travels apart: a kernel that coordinate descent tunes at its first launch, after
 the entry was saved, gets its winning config compiled then. That kernel's Triton
 cache entry (``<triton cache dir>/<hash>/``: cubin, metadata, group file) travels
 with the autotune entry instead (:func:`read_triton_kernel`), and the receiver writes
@@ -141,6 +146,31 @@ def read_triton_kernel(directory: str) -> dict[str, bytes]:
     return found
 
 
+#: Triton cache entries that hold a C module built on the host, by the module's name.
+TRITON_HOST_MODULES = ("__triton_launcher", "cuda_utils")
+
+
+def collect_triton_modules(triton_dir: str, since: float) -> dict[str, bytes]:
+    """The Triton cache entries of host C modules (:data:`TRITON_HOST_MODULES`) written
+    into ``triton_dir`` at or after ``since``, as :func:`read_triton_kernel` reads them."""
+    cutoff = since - _MTIME_SLACK_S
+    found: dict[str, bytes] = {}
+    try:
+        entries = list(os.scandir(triton_dir))
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        if not entry.is_dir() or entry.name.startswith("tmp") or entry.stat().st_mtime < cutoff:
+            continue
+        try:
+            names = os.listdir(entry.path)
+        except FileNotFoundError:
+            continue
+        if any(name.startswith(TRITON_HOST_MODULES) for name in names):
+            found.update(read_triton_kernel(entry.path))
+    return found
+
+
 def emit_triton_kernels(triton_dir: str, files: dict[str, bytes]) -> int:
     """Write the Triton cache entries among ``files`` into ``triton_dir``.
 
@@ -182,14 +212,16 @@ def emit_triton_kernels(triton_dir: str, files: dict[str, bytes]) -> int:
 
 
 class ShippedKernels:
-    """One process's side of kernel shipping: which C++ kernels an FX graph's compile
-    built or resolved (to send with its entry), writing received ones, and the record
+    """One process's side of kernel shipping: which C++ kernels (and on a GPU, Triton's
+    host modules) an FX graph's compile built or resolved (to send with its entry), writing received ones, and the record
     of every kernel file and compile second this process compiled or received, which a
     whole-job bundle carries (``coordinator.bundle``)."""
 
-    def __init__(self, cache_dir: Callable[[], str], triton_dir: Callable[[], str]) -> None:
+    def __init__(self, cache_dir: Callable[[], str], triton_dir: Callable[[], str],
+                 gpu: Callable[[], bool] = lambda: False) -> None:
         self._cache_dir = cache_dir
         self._triton_dir = triton_dir
+        self._gpu = gpu
         #: Wall-clock time of each FX miss this process compiles without a claim.
         self._missed_at: dict[str, float] = {}
         #: C++ kernel libraries resolved on each thread since its last FX miss.
@@ -225,7 +257,10 @@ class ShippedKernels:
             return {}
         resolved, self._resolved.paths = getattr(self._resolved, "paths", None) or [], None
         cache_dir = self._cache_dir()
-        return {**read_kernels(cache_dir, resolved), **collect_kernels(cache_dir, since)}
+        files = {**read_kernels(cache_dir, resolved), **collect_kernels(cache_dir, since)}
+        if self._gpu():
+            files.update(collect_triton_modules(self._triton_dir(), since))
+        return files
 
     def read(self, paths: list[str]) -> dict[str, bytes]:
         """The kernel files among ``paths`` (a local hit's)."""

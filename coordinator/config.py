@@ -155,7 +155,8 @@ class Config:
     """Largest single value written to Redis; larger values are split into chunks."""
 
     ship_cpu_kernels: bool = True
-    """Ship the compiled C++ kernel libraries with each FX-graph entry (CPU)."""
+    """Ship the compiled C++ kernel libraries with each FX-graph entry (CPU), and on GPUs
+    the host C modules Triton built for it (kernel launchers, driver utilities)."""
 
     share_local_hits: bool = True
     """When a rank finds an FX graph in its own local cache: publish it if no rank has,

@@ -64,6 +64,12 @@ def set_active(session: Session | None) -> None:
     _active = session
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _current_rank() -> int:
     import torch.distributed as dist
 
@@ -87,7 +93,7 @@ class Session:
         self._node: NodeCache | None = None
         #: FX keys this rank asked the store for; the others it found in its local cache.
         self._asked_fx: set[str] = set()
-        self.kernels = ShippedKernels(_compat.inductor_cache_dir, _compat.triton_cache_dir)
+        self.kernels = ShippedKernels(_compat.inductor_cache_dir, _compat.triton_cache_dir, _cuda)
         self.ranks = RankDependence()
         self.tuning = TuningSteps(lambda: self._flight)
         self.early = EarlyBackwards(self.flight, self.events)

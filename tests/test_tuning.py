@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from coordinator import Config, _compat
-from coordinator.artifacts import emit_triton_kernels, read_triton_kernel
+from coordinator.artifacts import ShippedKernels, collect_triton_modules, emit_triton_kernels, read_triton_kernel
 from coordinator.session import Session
 
 
@@ -115,6 +115,33 @@ def tuning(tmp_path, monkeypatch):
                               tuner=lambda name, **kw: StandInTuner(leader, name, triton_dir, **kw),
                               call=lambda tuner, method, *a: getattr(th.CachingAutotuner, method)(tuner, *a))
     leader.close()
+
+
+def test_an_fx_graphs_compile_ships_the_host_modules_triton_built_for_it(tmp_path):
+    # The launcher of a kernel signature the static launcher cannot run, and the driver's
+    # utilities, each a Triton cache entry of its own, written during the graph's compile;
+    # not the kernels themselves (the FX entry bundles those), nor entries from before.
+    import time
+
+    leader = tmp_path / "leader" / "triton"
+    old = fake_triton_entry(leader, name="OLDLAUNCHER")
+    (old / "__triton_launcher.cpython-311-x86_64-linux-gnu.so").write_bytes(b"old")
+    os.utime(old, (time.time() - 600, time.time() - 600))
+    claimed = time.time()
+    fake_triton_entry(leader, name="KERNEL")
+    for name, module in (("LAUNCHER", "__triton_launcher"), ("UTILS", "cuda_utils")):
+        (leader / name).mkdir()
+        (leader / name / f"{module}.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF " + name.encode())
+    shipped = collect_triton_modules(str(leader), claimed)
+    assert sorted(shipped) == ["triton/LAUNCHER/__triton_launcher.cpython-311-x86_64-linux-gnu.so",
+                               "triton/UTILS/cuda_utils.cpython-311-x86_64-linux-gnu.so"]
+    kernels = ShippedKernels(lambda: str(tmp_path / "leader" / "inductor"), lambda: str(leader), gpu=lambda: True)
+    kernels.missed("key")
+    assert kernels.built_for("key", claimed) == shipped
+    receiver = ShippedKernels(lambda: str(tmp_path / "follower"), lambda: str(tmp_path / "follower" / "triton"))
+    assert receiver.emit(shipped) == 2
+    assert (tmp_path / "follower" / "triton" / "LAUNCHER" / "__triton_launcher.cpython-311-x86_64-linux-gnu.so"
+            ).read_bytes() == b"\x7fELF LAUNCHER"
 
 
 def test_descent_result_is_shared_with_its_kernel_and_the_search_result_never(tuning, tmp_path, monkeypatch):
