@@ -47,7 +47,7 @@ def compile_once(store: Any = None, *, config: Config | None = None, **settings:
             ``wait_timeout``, ``progress_interval``, ``namespace``, ``caches``,
             ``chunk_bytes``, ``ship_cpu_kernels``, ``share_local_hits``,
             ``compile_choices_once``, ``signalled_waits``, ``early_backward``,
-            ``cache_ddp_graphs``, ``precompile``, ``trace_dir``).
+            ``cache_ddp_graphs``, ``concurrent_splits``, ``precompile``, ``trace_dir``).
 
     Every setting left ``None`` comes from ``config`` if given, else its
     ``COORDINATOR_*`` environment variable, else the default.
