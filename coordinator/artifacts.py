@@ -20,8 +20,9 @@ Triton cache entry of its own: the launcher of each kernel signature that Induct
 static launcher cannot run (``__triton_launcher``), and the driver's utilities
 (``cuda_utils``). A rank that loads the graph on an empty Triton dir would build them
 again (0.3 s each on an H100); they travel with the entry (:func:`collect_triton_modules`),
-as written by the compile. And one kind of kernel travels apart: a kernel that coordinate descent tunes at its first launch, after
-the entry was saved, gets its winning config compiled then. That kernel's Triton
+as written by the compile. And one kind of kernel travels apart: a kernel that coordinate
+descent tunes at its first launch, after the entry was saved, gets its winning config
+compiled then. That kernel's Triton
 cache entry (``<triton cache dir>/<hash>/``: cubin, metadata, group file) travels
 with the autotune entry instead (:func:`read_triton_kernel`), and the receiver writes
 it into its own Triton cache dir as one directory rename (:func:`emit_triton_kernels`),
@@ -213,9 +214,9 @@ def emit_triton_kernels(triton_dir: str, files: dict[str, bytes]) -> int:
 
 class ShippedKernels:
     """One process's side of kernel shipping: which C++ kernels (and on a GPU, Triton's
-    host modules) an FX graph's compile built or resolved (to send with its entry), writing received ones, and the record
-    of every kernel file and compile second this process compiled or received, which a
-    whole-job bundle carries (``coordinator.bundle``)."""
+    host modules) an FX graph's compile built or resolved (to send with its entry),
+    writing received ones, and the record of every kernel file and compile second this
+    process compiled or received, which a whole-job bundle carries (``coordinator.bundle``)."""
 
     def __init__(self, cache_dir: Callable[[], str], triton_dir: Callable[[], str],
                  gpu: Callable[[], bool] = lambda: False) -> None:

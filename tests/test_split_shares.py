@@ -61,10 +61,13 @@ def test_the_ranks_compile_a_share_each_and_train_as_stock_does(job, tmp_path):
     # share compiles anything (their submodules are marked done in the store).
     restart = job(2, {**options, "store": store}, name="restart")
     require_success(restart)
-    for r in restart:
+    for r, cold in zip(restart, ours, strict=True):
         assert split(r) == {"saved": 0, "served": graphs, "bypassed": 0, "refused": 0}, split(r)
         assert shares(r)["compiled"] == 0 and r.fx_misses == 0, shares(r)
         assert r.report["losses"] == stock[0].report["losses"]
+        # The cold job's shares left no guard behind: its frames' shape environments ended
+        # as the restart's, whose chain loaded the same entries with no share before it.
+        assert r.report["split_graphs"]["shape_envs"] == cold.report["split_graphs"]["shape_envs"]
 
 
 def test_an_input_the_propagation_gets_wrong_is_a_miss_compiled_in_the_chain(job, tmp_path):
@@ -99,6 +102,32 @@ def test_a_rank_killed_while_compiling_its_share_is_taken_over(job, tcp_store):
     for r in survivors:
         assert split(r)["served"] + shares(r)["missed"] == split_graphs(r), (split(r), shares(r))
         torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_shape_environment_put_back_equals_the_one_saved():
+    # What an out-of-order compile adds to the frame's shape environment (guards,
+    # replacements, divisibility, value ranges, cached results) is taken back: torch's own
+    # comparison of shape environments finds it equal to a copy made before.
+    import copy
+
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    from coordinator._compat.split_frames import ShapeEnvState
+
+    env = ShapeEnv()
+    a, b = (env.create_symintnode(env.create_symbol(hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC),
+                                  hint=hint) for name, hint in (("a", 8), ("b", 6)))
+    assert a > 2
+    before = copy.deepcopy(env)
+    state = ShapeEnvState(env)
+    assert a % 4 == 0 and b == 6 and a * b > 10 and a < 100
+    assert env.replacements and env.divisible and len(env.guards) > len(before.guards)
+    state.restore()
+    env.check_equal(before)
+    assert not env.replacements and not env.divisible and len(env.guards) == 1
+    assert a % 4 == 0  # asked again: a guard again, not an answer cached from before
+    assert len(env.guards) == 2 and env.divisible
 
 
 def test_the_deal_is_the_same_on_every_rank_and_balances_the_cost():

@@ -27,8 +27,9 @@ Options:
         eagerly (it saves symbolic sizes) tags forward outputs DDPOptimizer hands on
     record_split: report what DDPOptimizer handed each submodule's compile (the fake
         inputs' sizes, strides, offsets, dtypes, storage sizes, attributes) and, per frame, which
-        buckets hit AOTAutograd's cache and which bucket each lazily compiled backward
-        read its forward metadata from
+        buckets hit AOTAutograd's cache, which bucket each lazily compiled backward
+        read its forward metadata from, and the shape environment's guards once the
+        frame's chain is done
     ddp: wrap in DistributedDataParallel
     bucket_cap_mb: DDP's bucket size (default 25)
     steps: training steps
@@ -330,7 +331,7 @@ def record_split_graphs() -> dict:
     from torch._dynamo.backends import distributed as ddp_optimizer
     from torch._dynamo.utils import counters
 
-    record: dict = {"submod_inputs": [], "frames": []}
+    record: dict = {"submod_inputs": [], "frames": [], "shape_envs": []}
     compile_submod = ddp_optimizer.SubmodCompiler.compile_submod
 
     def describe(a):
@@ -371,8 +372,21 @@ def record_split_graphs() -> dict:
         context_init(self)
         self.metadata_per_bucket = Buckets()
 
+    compile_fn = ddp_optimizer.DDPOptimizer.compile_fn
+
+    def recording_compile_fn(self, gm, example_inputs, **kwargs):
+        compiled = compile_fn(self, gm, example_inputs, **kwargs)
+        shape_env = torch._guards.detect_fake_mode(example_inputs).shape_env
+        record["shape_envs"].append({
+            "guards": sorted(str(g.expr) for g in shape_env.guards),
+            "replacements": sorted(f"{k} = {v}" for k, v in shape_env.replacements.items()),
+            "divisible": sorted(map(str, shape_env.divisible)),
+        })
+        return compiled
+
     ddp_optimizer.SubmodCompiler.compile_submod = recording_compile_submod
     ddp_optimizer.DDPOptimizerContext.__init__ = recording_init
+    ddp_optimizer.DDPOptimizer.compile_fn = recording_compile_fn
     return record
 
 

@@ -17,13 +17,24 @@ then. Only the cache entries are kept: the chain compiles every submodule again,
 them. A propagated input that differs from the chain's (Inductor gave an output other
 strides) only gives the chain another AOTAutograd key: a miss, compiled as before.
 
+Neither leaves a trace in the frame's shape environment, which the chain's keys read (a
+guard that a later submodule's compile adds, such as a divisibility, changes how an
+earlier one's symbolic sizes print): the propagation runs with guards suppressed and the
+fake-tensor cache off (a cached result would skip a guard the chain must add), and the
+shape environment is put back, field for field, after each out-of-order compile
+(:class:`ShapeEnvState`), and what its methods cached is cleared (a cached evaluation
+would skip adding a guard that is gone). The chain then adds each guard itself,
+when it compiles a submodule or loads its entry, in its own order, as without shares.
+
 Private names: ``_dynamo.backends.distributed.SubmodCompiler`` (``run``,
 ``compile_submod``, ``module``, ``fake_mode``), ``_dynamo.utils.deepcopy_to_fake_tensor``,
 ``torch._guards.tracing`` and ``TracingContext`` (copied; ``fakify_first_call``,
 ``fw_metadata``, ``ddp_optimizer_ctx``, ``output_strides``, ``params_flat`` and its two
 siblings, ``aot_graph_name``), ``_functorch._aot_autograd.graph_compile._cache_autograd_info``
-(returns the ``try_save_cache_entry`` a lazily compiled backward calls), and the deferred
-backward of ``_compat.backward``. Read from the sources of 2.11.0, 2.13.0 and 2.14.1
+(returns the ``try_save_cache_entry`` a lazily compiled backward calls), the deferred
+backward of ``_compat.backward``; ``ShapeEnv`` (its attributes, ``suppress_guards``,
+``_version_counter``, ``_prev_cache_key``, ``_get_key``, its methods' ``lru_cache``s),
+``fake_tensor.disable_fake_tensor_cache``. Read from the sources of 2.11.0, 2.13.0 and 2.14.1
 (``SubmodCompiler`` differs only in ``compiler_configs``, from 2.13).
 """
 
@@ -102,13 +113,26 @@ class SplitFrame:
                 args = [to_fake_tensor(a, fake_mode) if isinstance(a, torch.Tensor)
                         and not isinstance(a, torch._subclasses.FakeTensor) else a for a in args]
                 self._propagated.append(args)
-                with fake_mode, mock.patch.object(fake_mode, "allow_non_fake_inputs", True):
+                with self._no_trace(), fake_mode, mock.patch.object(fake_mode, "allow_non_fake_inputs", True):
                     module = deepcopy_to_fake_tensor(self.fetch(node), fake_mode)
                     self._env[node] = module(*args)
         return self._propagated[index]
 
     def fetch(self, node: Any) -> Any:
         return self._compiler.fetch_attr(str(node.target))
+
+    @contextlib.contextmanager
+    def _no_trace(self) -> Iterator[None]:
+        """No guard recorded and no fake-tensor cache entry made (a cached result would
+        skip the guard a later dispatch of the same op must add)."""
+        from torch._subclasses.fake_tensor import disable_fake_tensor_cache
+
+        shape_env = self._fake_mode.shape_env
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(disable_fake_tensor_cache(self._fake_mode))
+            if shape_env is not None:
+                stack.enter_context(shape_env.suppress_guards())
+            yield
 
     def compile(self, index: int) -> bool:
         """Compile submodule ``index`` from its propagated inputs as the chain would, for
@@ -128,19 +152,22 @@ class SplitFrame:
         context.fakify_first_call = True
         capture = _Capture()
         _thread.capture = capture
+        state = ShapeEnvState(self._fake_mode.shape_env) if self._fake_mode.shape_env is not None else None
         try:
             with tracing(context):
                 compiled = _original_compile_submod(SubmodCompiler)(self._compiler, module, list(args), {})
                 fake_mode = self._fake_mode
                 with fake_mode, mock.patch.object(fake_mode, "allow_non_fake_inputs", True):
                     compiled(*args)  # the first call, as the chain makes it, before the backward compiles
+            if capture.saved or capture.backward is None or capture.save is None:
+                return capture.saved  # saved with a backward compiled at once (symbolic sizes), or a hit
+            compiled_backward = capture.backward.compile()
+            return capture.save(compiled_backward, capture.backward.info.bw_module, capture.backward.fw_metadata,
+                                capture.backward.aot_config) is not None
         finally:
             _thread.capture = None
-        if capture.saved or capture.backward is None or capture.save is None:
-            return capture.saved  # saved with a backward compiled at once (symbolic sizes), or a hit
-        compiled_backward = capture.backward.compile()
-        return capture.save(compiled_backward, capture.backward.info.bw_module, capture.backward.fw_metadata,
-                            capture.backward.aot_config) is not None
+            if state is not None:
+                state.restore()
 
 
 def _copy_submodule(original: Any) -> Any:
@@ -157,6 +184,56 @@ def _copy_submodule(original: Any) -> Any:
         if hasattr(theirs, "_dynamo_source"):  # set by DDPOptimizer on placeholders
             mine._dynamo_source = theirs._dynamo_source
     return module
+
+
+class ShapeEnvState:
+    """A shape environment's state, put back later: every attribute, containers copied two
+    levels deep (dicts of lists, as of deferred runtime asserts) and the small records they
+    hold (value ranges' source locations, which are updated in place)."""
+
+    def __init__(self, shape_env: Any) -> None:
+        self.shape_env = shape_env
+        self._saved = {name: _copied(value) for name, value in vars(shape_env).items()}
+
+    def restore(self) -> None:
+        """Put every attribute back as saved (attributes added since are dropped), and
+        clear what its methods cached (the version-keyed caches, and those of every shape
+        environment's methods cached on their arguments: others only compute again)."""
+        state = vars(self.shape_env)
+        version = state.get("_version_counter", 0)
+        for name in [name for name in state if name not in self._saved]:
+            del state[name]
+        for name, value in self._saved.items():
+            state[name] = _copied(value)
+        if "_version_counter" in state:
+            state["_version_counter"] = version + 1
+            state["_prev_cache_key"] = self.shape_env._get_key()
+        # Methods cached on their arguments, such as the one that evaluates an expression
+        # and adds its guard: a cached answer would skip a guard that is gone.
+        for klass in type(self.shape_env).__mro__:
+            for attribute in vars(klass).values():
+                if callable(getattr(attribute, "cache_clear", None)):
+                    attribute.cache_clear()
+
+
+def _copied(value: Any, depth: int = 2) -> Any:
+    import collections.abc
+    import dataclasses
+
+    if depth and isinstance(value, dict):
+        copied = copy.copy(value)  # keeps defaultdict factories and OrderedDict order
+        for key, item in value.items():
+            copied[key] = _copied(item, depth - 1)
+        return copied
+    if depth and isinstance(value, list):
+        copied = copy.copy(value)
+        copied[:] = [_copied(item, depth - 1) for item in value]
+        return copied
+    if isinstance(value, collections.abc.MutableSet):  # sets of symbols and expressions
+        return copy.copy(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return copy.copy(value)
+    return value
 
 
 class _Capture:
