@@ -26,13 +26,12 @@ from typing import Any
 
 from coordinator import session as session_module
 from coordinator.config import Config, parse_flag
-from coordinator.errors import CoordinatorError
+from coordinator.errors import ConfigError
 from coordinator.inductor import route_caches
 from coordinator.logs import parse_level, show_coordinator_logs
 from coordinator.session import Session
 
 log = logging.getLogger(__name__)
-
 
 
 @contextlib.contextmanager
@@ -52,16 +51,29 @@ def compile_once(store: Any = None, *, config: Config | None = None, **settings:
     Every setting left ``None`` comes from ``config`` if given, else its
     ``COORDINATOR_*`` environment variable, else the default.
 
+    Entered where a ``compile_once`` is already active in this process (a script run
+    under ``coordinator-run``, which entered it for the whole process), it joins that
+    session when its settings resolve to the same ones: it yields the active session,
+    and leaving it leaves the session open for the outer ``compile_once`` to close.
+
     Raises:
-        ConfigError: a setting is unknown or invalid.
-        CoordinatorError: another ``compile_once`` is already active in this process.
+        ConfigError: a setting is unknown or invalid, or a ``compile_once`` with
+            other settings is already active in this process (each differing setting
+            is named, with both values).
     """
     if config is None:
         config = Config.resolve(store=store, **settings)
     else:
         config = config.replace(store=store, **settings)
-    if session_module.active() is not None:
-        raise CoordinatorError("compile_once is already active in this process")
+    active = session_module.active()
+    if active is not None:
+        differences = active.config.differences(config)
+        if differences:
+            raise ConfigError("compile_once is already active in this process with other settings: "
+                              + "; ".join(differences))
+        log.debug("compile_once: joining the session already active in this process")
+        yield active  # the outer compile_once closes it
+        return
     session = Session(config)
     session_module.set_active(session)
     try:

@@ -251,6 +251,22 @@ class Config:
                 values[name] = _PARSE_ENV[name](name, environ[env_name])
         return cls(**values)
 
+    def differences(self, other: Config) -> list[str]:
+        """Each setting in which ``other`` differs from this config, as ``name
+        (VARIABLE): active VALUE, requested VALUE``; a secret's value is never shown."""
+        found = []
+        for field in dataclasses.fields(self):
+            mine, theirs = getattr(self, field.name), getattr(other, field.name)
+            if mine is theirs or (type(mine) is type(theirs) and mine == theirs):
+                continue
+            if field.name == "secret":
+                shown = ("none" if mine is None else "set",
+                         "none" if theirs is None else "set" if mine is None else "another one")
+            else:
+                shown = (_shown(mine), _shown(theirs))
+            found.append(f"{field.name} ({_ENV[field.name]}): active {shown[0]}, requested {shown[1]}")
+        return found
+
     def replace(self, **arguments: Any) -> Config:
         """This config with the arguments that are not ``None`` in place of its values,
         validated again.
@@ -260,6 +276,15 @@ class Config:
         """
         _check_names(arguments)
         return dataclasses.replace(self, **{name: value for name, value in arguments.items() if value is not None})
+
+
+def _shown(value: Any) -> str:
+    """A setting's value as a message shows it: seconds for a timedelta, else its repr."""
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds():g}s"
+    if isinstance(value, Path):
+        return repr(str(value))
+    return repr(value)
 
 
 def _check_names(arguments: Mapping[str, Any]) -> None:

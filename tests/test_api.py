@@ -12,7 +12,8 @@ import torch._inductor.remote_cache as remote_cache
 from torch._dynamo.callback import callback_handler
 
 import coordinator
-from coordinator import CoordinatorError
+from coordinator import ConfigError
+from coordinator import session as session_module
 
 
 def snapshot():
@@ -41,12 +42,42 @@ def test_hooks_are_installed_and_restored(tmp_path):
         assert session.stats.as_dict()["by_cache"]["fx_graph"]["published"] == 1
         # Every store call went through the session's timing: the put, the hit, the miss.
         assert session.stats.as_dict()["store_calls"] >= 3 and session.stats.as_dict()["store_s"] > 0
-        with pytest.raises(CoordinatorError, match="already active"):
+        # Another compile_once with other settings is refused, naming the setting and both values.
+        with pytest.raises(ConfigError, match=r"already active in this process with other settings: "
+                                              r"store \(COORDINATOR_STORE\): active 'file://.*', requested None$"):
             with coordinator.compile_once():
                 pass
+        assert session_module.active() is session
     assert snapshot() == before
     assert coordinator.stats()["graphs_received"] == 1
     assert coordinator.stats()["compile_time_saved_s"] == pytest.approx(1.234)
+
+
+def test_a_nested_compile_once_with_the_same_settings_joins_the_active_one(tmp_path, monkeypatch):
+    """A script written for the context manager, run where compile_once is already active
+    (coordinator-run enters it for the whole process): the inner one joins, and leaving it
+    leaves the session open."""
+    monkeypatch.setenv("COORDINATOR_STORE", f"file://{tmp_path}")
+    monkeypatch.setenv("COORDINATOR_LEASE_S", "7")
+    before = snapshot()
+    with coordinator.compile_once() as outer:
+        with coordinator.compile_once(lease=7, store=f"file://{tmp_path}") as inner:  # the same, given as arguments
+            assert inner is outer
+        # The inner exit closed nothing: the hooks and the session are still there.
+        assert session_module.active() is outer and snapshot() != before
+        assert remote_cache.RemoteFxGraphCache.backend_override_cls.__name__ == "CoordinatorFxGraphBackend"
+        remote_cache.RemoteFxGraphCache("fx-graph-v1").put("k", {"data": "eA==", "time_taken_ms": 5})
+        assert coordinator.stats()["by_cache"]["fx_graph"]["published"] == 1
+        with pytest.raises(ConfigError) as refused:
+            with coordinator.compile_once(lease=3, namespace="team", secret="s3cret"):
+                pass
+        message = str(refused.value)
+        assert "lease (COORDINATOR_LEASE_S): active 7s, requested 3s" in message
+        assert "namespace (COORDINATOR_NAMESPACE): active '', requested 'team'" in message
+        assert "secret (COORDINATOR_SECRET): active none, requested set" in message
+        assert "s3cret" not in message and "store" not in message
+        assert session_module.active() is outer
+    assert session_module.active() is None and snapshot() == before
 
 
 def test_hooks_are_restored_after_an_exception(tmp_path):
