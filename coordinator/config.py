@@ -66,6 +66,26 @@ _ENV = {
     "trace_dir": "COORDINATOR_TRACE",
 }
 
+#: One line per setting: what it does, and its default (``coordinator-run --help``).
+DESCRIPTIONS = {
+    "store": "where ranks meet: redis://host:port/db, rediss://..., file:///dir (default: the job's TCPStore)",
+    "secret": "sign every value with HMAC-SHA256 and refuse unsigned or wrongly signed ones (default: none)",
+    "lease": "seconds without a heartbeat after which a waiter takes over a compile (default 20)",
+    "wait_timeout": "longest wait for one graph in seconds; then the rank compiles it itself (default 1800)",
+    "progress_interval": "seconds between a waiting rank's progress lines (default 10)",
+    "namespace": "extra key prefix (model, team) for stores that many jobs share (default: none)",
+    "caches": "comma-separated caches to share: " + ", ".join(CACHE_KINDS) + " (default: all but bundled_autotune)",
+    "chunk_bytes": "largest single Redis value; larger ones are chunked (default 64 MiB)",
+    "ship_cpu_kernels": "ship compiled C++ kernels with FX graphs (1/0, default 1)",
+    "share_local_hits": "publish graphs found in the local cache, or wait while another rank compiles them (default 1)",
+    "compile_choices_once": "max-autotune: compile each GEMM choice once, in threads of the rank (default 1)",
+    "signalled_waits": "waiting ranks block on the compiling rank's signals instead of polling (default 1)",
+    "early_backward": "a waiting rank compiles the backward graphs it knows meanwhile (default 1)",
+    "cache_ddp_graphs": "serve DDP's split graphs from AOTAutograd's cache (default 1 where torch allows)",
+    "precompile": "share each function's precompiled form, installed without tracing (default 0)",
+    "trace_dir": "write this rank's coordinator events into this dir, for coordinator report (default: none)",
+}
+
 
 def _seconds(name: str, raw: str) -> timedelta:
     try:

@@ -14,7 +14,14 @@ import pytest
 from conftest import machine_env
 from torch.distributed.run import get_args_parser
 
-from coordinator.launcher import one_gpu_per_worker, split_args, worker_environment, workers_per_node
+from coordinator.launcher import (
+    OPTIONS,
+    asks_for_help,
+    one_gpu_per_worker,
+    split_args,
+    worker_environment,
+    workers_per_node,
+)
 
 PLAIN = str(Path(__file__).with_name("plain_script.py"))
 
@@ -59,6 +66,26 @@ def test_an_option_that_prints_and_exits_is_passed_through_not_acted_on(capsys):
 def test_unknown_coordinator_option_is_an_error():
     with pytest.raises(SystemExit, match="unknown option --coordinator-stor"):
         split_args(["--coordinator-stor", "x", "train.py"])
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["--standalone", "--nproc-per-node", "2", "--help"]])
+def test_help_shows_our_options_and_variables_once_then_torchruns_help_once(tmp_path, args):
+    from coordinator.config import _ENV
+
+    result = run(["coordinator.launcher"], args, tmp_path)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    ours, _, theirs = result.stdout.partition("torchrun's help:")
+    lines = ours.splitlines()
+    for flag, variable in OPTIONS.items():
+        assert ours.count(flag + " ") == 1, flag
+        at = next(i for i, line in enumerate(lines) if flag + " " in line)
+        assert lines[at].split()[-1] == variable and lines[at + 1].strip(), lines[at:at + 2]  # variable, meaning
+    for variable in set(_ENV.values()) | set(OPTIONS.values()):
+        assert ours.count(variable + "\n") == 1, variable  # each named once, its meaning on the next line
+    assert theirs.count("Torch Distributed Elastic Training Launcher") == 1
+    assert ours.count("usage: ") == 1 and theirs.count("usage: ") == 1  # ours, then torchrun's, once each
+    # After the training script, --help is the script's.
+    assert not asks_for_help(["--standalone", "train.py", "--help"]) and asks_for_help(["-h", "train.py"])
 
 
 def test_worker_environment(tmp_path):
