@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 import socket
 import time
 from datetime import timedelta
@@ -235,9 +236,20 @@ def bundle_settings(secret: str | bytes | None = None, namespace: str | None = N
     return config.secret, config.namespace
 
 
+def check_bundle_name(name: str) -> None:
+    """Raise ``ConfigError`` unless ``name`` can name a bundle (letters, digits, '.', '_', '-')."""
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", name):
+        raise ConfigError(f"bundle name {name!r} may only hold letters, digits, '.', '_' and '-'")
+
+
 def bundle_key(name: str = "default", namespace: str | None = None) -> str:
     """The store key of bundle ``name`` for this environment (and namespace, see
-    :func:`bundle_settings`)."""
+    :func:`bundle_settings`).
+
+    Raises:
+        ConfigError: ``name`` cannot name a bundle.
+    """
+    check_bundle_name(name)
     _, namespace = bundle_settings(namespace=namespace)
     return f"bundles/{fingerprint()}/{namespace or '_'}/{name}"
 
@@ -333,7 +345,7 @@ def save_bundle(
 
     blob = pack_bundle(secret=bundle_settings(secret)[0]) if blob is None else blob
     if max_bytes is not None and len(blob) > max_bytes:
-        raise ConfigError(f"bundle is {len(blob)} bytes, over the {max_bytes}-byte limit")
+        raise ConfigError(f"max_bytes={max_bytes}: the bundle is {len(blob)} bytes, over this limit")
     store = open_store(url)
     store.set(bundle_key(name), blob, ttl=ttl)
     log.info("saved a %.1f MB bundle as %s in %s", len(blob) / 1e6, name, store.name)

@@ -212,20 +212,33 @@ def worker_environment(settings: dict[str, str], environ: dict[str, str], *,
     return env
 
 
-def check_settings(environ: dict[str, str]) -> None:
+def check_settings(environ: dict[str, str], options: dict[str, str] | None = None) -> None:
     """Refuse, before any worker starts, settings every worker would refuse.
 
+    ``options`` are the settings given as ``--coordinator-*`` options (variable -> value),
+    which the errors name by their option.
+
     Raises:
-        ConfigError: a ``COORDINATOR_*`` setting of ``environ`` is invalid.
+        ConfigError: a ``COORDINATOR_*`` setting of ``environ`` is invalid, naming the
+            variable or option and the value given.
     """
-    from coordinator.config import Config
+    from coordinator.bundle import check_bundle_name
+    from coordinator.config import Config, given
     from coordinator.stores import check_store_url
 
-    Config.resolve(environ=environ)
-    parse_level(environ.get("COORDINATOR_LOG_LEVEL"))
-    for name in ("COORDINATOR_RESTORE_BUNDLE", "COORDINATOR_SAVE_BUNDLE"):
-        if environ.get(name):
-            check_store_url(environ[name])
+    sources = {variable: flag for flag, variable in OPTIONS.items() if variable in (options or {})}
+    Config.resolve(environ=environ, sources=sources)
+    parse_level(environ.get("COORDINATOR_LOG_LEVEL"), sources.get("COORDINATOR_LOG_LEVEL", "COORDINATOR_LOG_LEVEL"))
+    for name in ("COORDINATOR_RESTORE_BUNDLE", "COORDINATOR_SAVE_BUNDLE", "COORDINATOR_BUNDLE_NAME"):
+        if not environ.get(name):
+            continue
+        try:
+            if name == "COORDINATOR_BUNDLE_NAME":
+                check_bundle_name(environ[name])
+            else:
+                check_store_url(environ[name])
+        except ConfigError as exc:
+            raise ConfigError(f"{given(sources.get(name, name), environ[name])}: {exc}") from None
 
 
 def restore(url: str, name: str) -> None:
@@ -250,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
         get_args_parser().print_help()
         return
     try:
-        check_settings({**os.environ, **settings})
+        check_settings({**os.environ, **settings}, settings)
     except ConfigError as exc:
         raise SystemExit(f"coordinator-run: {exc}") from None
     show_coordinator_logs(logging.WARNING, prefix="")

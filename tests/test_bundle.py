@@ -150,7 +150,7 @@ def test_redis_ttl_and_size_policy(redis_server):
     from coordinator import ConfigError
 
     blob, _ = synthetic(size=5000)
-    with pytest.raises(ConfigError, match="over the 1000-byte limit"):
+    with pytest.raises(ConfigError, match="max_bytes=1000: the bundle is .* bytes, over this limit"):
         coordinator.save_bundle(redis_server.url, name="capped", blob=blob, max_bytes=1000)
     from datetime import timedelta
 

@@ -166,15 +166,17 @@ def test_bad_log_level_fails_before_any_worker_starts(tmp_path):
     result = run(["coordinator.launcher"], ["--coordinator-log-level", "LOUD", "--standalone", "--nproc-per-node",
                                             "1", PLAIN, str(out)], tmp_path)
     assert result.returncode != 0
-    assert "COORDINATOR_LOG_LEVEL='LOUD': expected one of DEBUG, INFO, WARNING, ERROR" in result.stderr
+    assert "--coordinator-log-level LOUD: expected one of DEBUG, INFO, WARNING, ERROR" in result.stderr
     assert not list(out.iterdir())
 
 
 @pytest.mark.parametrize("args, env, message", [
-    (["--coordinator-store", "bogus://x"], {}, "unknown store URL scheme 'bogus' in 'bogus://x'"),
-    ([], {"COORDINATOR_STORE": "file://host/dir"}, "names a host"),
-    ([], {"COORDINATOR_LEASE_S": "soon"}, "COORDINATOR_LEASE_S='soon' is not a number of seconds"),
-    (["--coordinator-save-bundle", "s3://bucket"], {}, "unknown store URL scheme 's3'"),
+    (["--coordinator-store", "bogus://x"], {}, "--coordinator-store bogus://x: unknown store URL scheme 'bogus'"),
+    ([], {"COORDINATOR_STORE": "file://host/dir"}, "COORDINATOR_STORE=file://host/dir: file store URL"),
+    ([], {"COORDINATOR_LEASE_S": "soon"}, "COORDINATOR_LEASE_S=soon: not a number of seconds"),
+    ([], {"COORDINATOR_LEASE_S": "-3"}, "COORDINATOR_LEASE_S=-3: must be a positive number of seconds"),
+    (["--coordinator-save-bundle", "s3://bucket"], {}, "--coordinator-save-bundle s3://bucket: unknown store URL"),
+    ([], {"COORDINATOR_BUNDLE_NAME": "my model"}, "COORDINATOR_BUNDLE_NAME='my model': bundle name"),
 ])
 def test_invalid_settings_fail_before_any_worker_starts(tmp_path, args, env, message):
     out = tmp_path / "reports"
@@ -182,7 +184,7 @@ def test_invalid_settings_fail_before_any_worker_starts(tmp_path, args, env, mes
     result = run(["coordinator.launcher"], [*args, "--standalone", "--nproc-per-node", "1", PLAIN, str(out)],
                  tmp_path, env=env)
     assert result.returncode == 1
-    assert f"coordinator-run: {message}" in result.stderr or message in result.stderr, result.stderr[-2000:]
+    assert f"coordinator-run: {message}" in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert not list(out.iterdir())
 
