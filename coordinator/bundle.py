@@ -40,7 +40,7 @@ from coordinator import _compat
 from coordinator.artifacts import AUTOTUNE_SUFFIXES, KERNEL_SUFFIXES, emit_kernels
 from coordinator.config import Config
 from coordinator.errors import ConfigError, EnvironmentMismatch, IntegrityError
-from coordinator.fingerprint import describe_difference, environment, fingerprint
+from coordinator.fingerprint import describe_difference, environment, fingerprint, key_prefix, secret_fingerprint
 from coordinator.node import file_lock
 
 log = logging.getLogger(__name__)
@@ -242,16 +242,17 @@ def check_bundle_name(name: str) -> None:
         raise ConfigError(f"bundle name {name!r} may only hold letters, digits, '.', '_' and '-'")
 
 
-def bundle_key(name: str = "default", namespace: str | None = None) -> str:
-    """The store key of bundle ``name`` for this environment (and namespace, see
-    :func:`bundle_settings`).
+def bundle_key(name: str = "default", namespace: str | None = None, secret: str | bytes | None = None) -> str:
+    """The store key of bundle ``name`` for this environment, secret and namespace (see
+    :func:`bundle_settings`): ``bundles/<environment>/<secret>/<namespace>/<name>``, as
+    ``coordinator.fingerprint.key_prefix`` names them.
 
     Raises:
         ConfigError: ``name`` cannot name a bundle.
     """
     check_bundle_name(name)
-    _, namespace = bundle_settings(namespace=namespace)
-    return f"bundles/{fingerprint()}/{namespace or '_'}/{name}"
+    secret, namespace = bundle_settings(secret, namespace)
+    return f"bundles/{key_prefix(secret, namespace)}/{name}"
 
 
 def broadcast_bundle(src: int = 0, group: Any = None, *, secret: str | bytes | None = None) -> dict:
@@ -347,7 +348,7 @@ def save_bundle(
     if max_bytes is not None and len(blob) > max_bytes:
         raise ConfigError(f"max_bytes={max_bytes}: the bundle is {len(blob)} bytes, over this limit")
     store = open_store(url)
-    store.set(bundle_key(name), blob, ttl=ttl)
+    store.set(bundle_key(name, secret=secret), blob, ttl=ttl)
     log.info("saved a %.1f MB bundle as %s in %s", len(blob) / 1e6, name, store.name)
     return len(blob)
 
@@ -361,7 +362,7 @@ def fetch_bundle(url: str, *, name: str = "default", secret: str | bytes | None 
     from coordinator.stores import open_store
 
     store = open_store(url)
-    blob = store.get(bundle_key(name))
+    blob = store.get(bundle_key(name, secret=secret))
     if blob is None:
         raise FileNotFoundError(f"no bundle {name!r} for environment {fingerprint()} in {store.name}")
     return read_bundle(blob, secret=bundle_settings(secret)[0])
@@ -386,9 +387,12 @@ def copy_bundles(src_url: str, dst_url: str, *, secret: str | bytes | None = Non
         if blob is None:
             continue
         try:
-            bundle = read_bundle(blob, secret=bundle_settings(secret)[0], check_environment=False)
+            verify_with = bundle_settings(secret)[0]
+            bundle = read_bundle(blob, secret=verify_with, check_environment=False)
             if key.split("/")[1] != fingerprint(bundle.header["environment"]):
                 raise EnvironmentMismatch(f"its environment is not the one its key {key} names")
+            if verify_with and key.split("/")[2] != secret_fingerprint(verify_with):
+                raise IntegrityError(f"its key {key} names another secret than the one it was verified with")
         except IntegrityError as exc:
             log.warning("not publishing %s from %s: %s", key, src.name, exc)
             continue
@@ -410,7 +414,7 @@ def load_bundle(url: str, *, name: str = "default", secret: str | bytes | None =
     """
     cache_dir = _compat.inductor_cache_dir()
     job = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or ""
-    tag = hashlib.sha256(f"{url}\0{bundle_key(name)}\0{job}".encode()).hexdigest()[:16]
+    tag = hashlib.sha256(f"{url}\0{bundle_key(name, secret=secret)}\0{job}".encode()).hexdigest()[:16]
     marker = os.path.join(cache_dir, f".coordinator-bundle-{tag}.done")
     with file_lock(os.path.join(cache_dir, ".coordinator-bundle.lock"), None):
         if os.path.exists(marker):

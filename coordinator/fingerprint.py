@@ -1,10 +1,15 @@
-"""The environment fingerprint that namespaces every key.
+"""The fingerprints that namespace every key: the environment's and the secret's.
 
 Compiled artifacts are only valid where they were built: the same torch and Triton,
 the same CUDA, the same GPU model and compute capability, the same Python (pickles
 and bytecode), the same CPU architecture for C++ kernels, and the same format of our
 own envelope. Keys are prefixed with a short hash of these fields, so artifacts never
 cross incompatible environments; the fields themselves are kept for error messages.
+
+Values are signed with the job's secret, and a job refuses values signed with another
+one. Keys are also prefixed with a short fingerprint of the secret (``none`` without
+one), so jobs with different secrets on one store keep apart: neither reads the
+other's values (and compiles each graph again after refusing them), nor overwrites them.
 """
 
 from __future__ import annotations
@@ -59,6 +64,23 @@ def fingerprint(fields: dict[str, str] | None = None) -> str:
     fields = environment() if fields is None else fields
     packed = msgpack.packb(sorted(fields.items()))
     return hashlib.sha256(packed).hexdigest()[:16]
+
+
+def secret_fingerprint(secret: bytes | None) -> str:
+    """12 hex digits of a SHA-256 over a domain-separated string of ``secret``, or ``none``.
+
+    The secret itself is never in a key. The fingerprint tells a reader of the store no
+    more than a signed value does: either lets one test guesses of the secret offline.
+    """
+    if not secret:
+        return "none"
+    return hashlib.sha256(b"coordinator/key-namespace/1\0" + secret).hexdigest()[:12]
+
+
+def key_prefix(secret: bytes | None, namespace: str) -> str:
+    """``<environment>/<secret>/<namespace or _>``: the prefix of every key a session or
+    a bundle uses."""
+    return f"{fingerprint()}/{secret_fingerprint(secret)}/{namespace or '_'}"
 
 
 def describe_difference(ours: dict[str, str], theirs: dict[str, str]) -> str:

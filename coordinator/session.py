@@ -26,7 +26,7 @@ from coordinator.artifacts import ShippedKernels
 from coordinator.config import Config
 from coordinator.early_backward import EarlyBackwards
 from coordinator.errors import ConfigError, IntegrityError, StoreError
-from coordinator.fingerprint import fingerprint, warn_if_device_indices_differ
+from coordinator.fingerprint import key_prefix, warn_if_device_indices_differ
 from coordinator.integrity import open_sealed, seal
 from coordinator.node import NodeCache
 from coordinator.rank_dependence import RankDependence
@@ -119,7 +119,7 @@ class Session:
         rank = _current_rank()
         self.stats.rank, self.stats.store = rank, store.name
         self._node = NodeCache(_compat.inductor_cache_dir())
-        self._prefix = f"{fingerprint()}/{self.config.namespace or '_'}"
+        self._prefix = key_prefix(self.config.secret, self.config.namespace)
         warn_if_device_indices_differ(store, self._prefix, rank)
         return Singleflight(store, owner=Owner.this_process(rank), lease=self.config.lease,
                             wait_timeout=self.config.wait_timeout, progress_interval=self.config.progress_interval,

@@ -58,7 +58,7 @@ WAIT_ENDINGS = {"waited": "received", "expired": "took over", "abandoned": "owne
 
 
 def short_key(store_key: str) -> str:
-    """``<cache kind>/<digest>`` of a store key (``<fingerprint>/<namespace>/<kind>/<digest>``)."""
+    """``<cache kind>/<digest>`` of a store key (``<fingerprint>/<secret>/<namespace>/<kind>/<digest>``)."""
     return "/".join(store_key.rsplit("/", 2)[-2:])
 
 
