@@ -107,6 +107,18 @@ class NodeCache:
             f.write(value)
         os.replace(tmp, path)
 
+    def forget(self, key: str, value: bytes) -> None:
+        """Remove this node's copy of ``key`` if it is ``value`` (a value that failed
+        verification), so that local ranks ask the store instead."""
+        path = self._path("values", key)
+        try:
+            with open(path, "rb") as f:
+                if f.read() != value:
+                    return
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
     def lookup(self, flight: Singleflight, key: str, *, blocking: bool, wait_s: float | None,
                work_first: Callable[[], bool] | None) -> LookupResult:
         """Look ``key`` up once per node: from this node's copy, else, under the key's node

@@ -92,7 +92,7 @@ class PrecompiledFunctions:
         except IntegrityError as exc:
             log.warning("compile_once: rejected precompiled function %s from the store: %s; tracing it", key, exc)
             session.events.instant("rejected", key=short_key(store_key), why=str(exc))
-            session.stats.record_miss(KIND, rejected=True)
+            session.stats.record_rejected(KIND)
             return None
         try:
             written = session.kernels.emit(sealed.files) if sealed.files else 0
@@ -127,7 +127,7 @@ class PrecompiledFunctions:
                 self._known.pop(key, None)
         if error is not None:
             log.warning("compile_once: precompiled function %s not installed (%s); tracing it", key, error)
-            self._session.stats.record_miss(KIND, rejected=True)
+            self._session.stats.record_rejected(KIND)
 
     def publish_ready(self) -> None:
         """Publish each recorded package that is complete and larger than the store's

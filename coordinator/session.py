@@ -14,6 +14,7 @@ that fails verification is a miss.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -134,17 +135,27 @@ class Session:
         """Whether this rank asked the store for FX graph ``inductor_key``."""
         return inductor_key in self._asked_fx
 
-    def _lookup(self, flight: Singleflight, kind: str, key: str) -> LookupResult:
+    def _lookup(self, flight: Singleflight, kind: str, key: str, rejected: bytes | None = None) -> LookupResult:
         """Look ``key`` up once per node (``NodeCache.lookup``), blocking as its kind allows.
         A rank that holds a claim, or runs an early compile, does not wait; a rank waiting
-        for a graph first compiles the backward graphs it knows."""
+        for a graph first compiles the backward graphs it knows. With ``rejected`` (a value
+        of ``key`` that failed verification) the store is asked again, that value counting
+        as missing: one rank claims the key and compiles it, the others wait for it."""
         step_claims, early_claims = self.tuning.claims(), self.early.claims()
         waits = _compat.CACHE_KINDS[kind].waits
         blocking = waits == "always" or (waits == "tuning_step" and step_claims is not None)
+        if kind == "fx_graph" and _compat.in_aot_entry_load():
+            blocking = False  # a miss compiles nothing here: no claim (docs/design.md, rule 1)
         may_wait = not flight.holds_claims() and early_claims is None
         work_first = self.early.help_once if kind == "fx_graph" and self.config.early_backward else None
-        result = self._node.lookup(flight, key, blocking=blocking, work_first=work_first,
-                                   wait_s=self.config.wait_timeout.total_seconds() if may_wait else None)
+        if rejected is not None:
+            self._node.forget(key, rejected)
+            result = flight.lookup(key, blocking=blocking, rejected=rejected)
+            if result.value is not None:
+                self._node.write(key, result.value)
+        else:
+            result = self._node.lookup(flight, key, blocking=blocking, work_first=work_first,
+                                       wait_s=self.config.wait_timeout.total_seconds() if may_wait else None)
         if result.outcome != "node" and result.value is not None:
             self.stats.record_store_fetch()
         if result.outcome == "claimed":
@@ -154,14 +165,17 @@ class Session:
                     claims.append(key)
         return result
 
-    def _missed(self, kind: str, key: str, inductor_key: str, rejected: bool = False) -> None:
+    def _missed(self, kind: str, key: str, inductor_key: str) -> None:
+        self.stats.record_miss(kind)
+        if kind == "fx_graph" and _compat.in_aot_entry_load():
+            return  # AOTAutograd compiles the graph afresh, and looks it up again then
         # When this rank compiles a graph it did not claim (the store failed, or it held
         # another claim), kernels written since the miss travel with the entry.
         if _compat.ships_kernels(kind):
             self.kernels.missed(key)
         if kind == "fx_graph":
             self.ranks.compiling(key, inductor_key)
-        self.stats.record_miss(kind, rejected=rejected)
+        self.stats.record_compile(kind)
         self.events.compile_began(key)
 
     # -- the two calls Inductor makes ----------------------------------------------------
@@ -175,22 +189,19 @@ class Session:
             self._asked_fx.add(inductor_key)
         key = self.store_key(kind, inductor_key)
         began = time.time()
-        result = self._lookup(flight, kind, key)
-        if kind == "fx_graph" and self.early.claims() is not None and result.outcome != "claimed":
-            # An early compile goes on only for a graph it claimed; one that a rank has,
-            # or is compiling, is loaded when the backward pass needs it.
-            raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
-        self.stats.record_lookup(result)
-        if result.value is None:
+        result = self._lookup_once(flight, kind, key)
+        sealed = self._verified(kind, key, result.value) if result.value is not None else None
+        if result.value is not None and sealed is None:
+            # Refused: one rank compiles it again, the others wait for that; a value that
+            # fails again is compiled here, with no more waiting.
+            rejected = result.value
+            result = self._lookup_once(flight, kind, key, rejected)
+            sealed = self._verified(kind, key, result.value) if result.value is not None else None
+            if result.value is not None and sealed is None:
+                result = dataclasses.replace(result, value=None, outcome="rejected")
+        if sealed is None:
             log.debug("compile_once: %s miss %s (%s)", kind, key, result.outcome)
             self._missed(kind, key, inductor_key)
-            return None
-        try:
-            sealed = open_sealed(key, result.value, secret=self.config.secret)
-        except IntegrityError as exc:
-            log.warning("compile_once: rejected %s entry %s from the store: %s; compiling locally", kind, key, exc)
-            self.events.instant("rejected", key=short_key(key), why=str(exc))
-            self._missed(kind, key, inductor_key, rejected=True)
             return None
         if sealed.meta.get("rank_dependent"):
             self.ranks.received_mark(key, sealed.meta)
@@ -198,6 +209,25 @@ class Session:
             return None
         self._received(kind, key, sealed, len(result.value), from_node=result.outcome == "node", began=began)
         return sealed.payload
+
+    def _lookup_once(self, flight: Singleflight, kind: str, key: str, rejected: bytes | None = None) -> LookupResult:
+        result = self._lookup(flight, kind, key, rejected)
+        if kind == "fx_graph" and self.early.claims() is not None and result.outcome != "claimed":
+            # An early compile goes on only for a graph it claimed; one that a rank has,
+            # or is compiling, is loaded when the backward pass needs it.
+            raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
+        self.stats.record_lookup(result)
+        return result
+
+    def _verified(self, kind: str, key: str, value: bytes):
+        """``value`` opened and verified, or ``None`` (logged) if it fails any check."""
+        try:
+            return open_sealed(key, value, secret=self.config.secret)
+        except IntegrityError as exc:
+            log.warning("compile_once: rejected %s entry %s from the store: %s", kind, key, exc)
+            self.events.instant("rejected", key=short_key(key), why=str(exc))
+            self.stats.record_rejected(kind)
+            return None
 
     def _received(self, kind: str, key: str, sealed, nbytes: int, *, from_node: bool, began: float) -> None:
         """Write a hit's kernels, extend NCCL timeouts by the compile time it saves, count it."""

@@ -34,10 +34,13 @@ class SplitGraphCounts:
 
 @dataclasses.dataclass
 class KindCounts:
-    """One cache kind's lookups and publishes."""
+    """One cache kind's lookups and publishes: ``misses`` counts lookups that found no
+    usable value, ``compiled`` the misses this rank computed the value for (an FX graph
+    looked up while AOTAutograd loads an entry is a miss, compiled at a later lookup)."""
 
     hits: int = 0
     misses: int = 0
+    compiled: int = 0
     published: int = 0
     rejected: int = 0
 
@@ -83,10 +86,17 @@ class Stats:
             self.timeout_extension_s += extension_s
             self.kernels_received += kernels
 
-    def record_miss(self, kind: str, *, rejected: bool = False) -> None:
+    def record_miss(self, kind: str) -> None:
         with self._lock:
             self.kinds[kind].misses += 1
-            self.kinds[kind].rejected += int(rejected)
+
+    def record_compile(self, kind: str) -> None:
+        with self._lock:
+            self.kinds[kind].compiled += 1
+
+    def record_rejected(self, kind: str) -> None:
+        with self._lock:
+            self.kinds[kind].rejected += 1
 
     def record_publish(self, kind: str, nbytes: int) -> None:
         with self._lock:
@@ -131,7 +141,7 @@ class Stats:
             return {
                 "rank": self.rank,
                 "store": self.store,
-                "graphs_compiled": fx.misses,
+                "graphs_compiled": fx.compiled,
                 "graphs_received": fx.hits,
                 "graphs_shared_from_local_cache": self.shared_from_local,
                 "graphs_rank_dependent": self.rank_dependent,
