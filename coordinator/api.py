@@ -83,6 +83,7 @@ def compile_once(store: Any = None, *, config: Config | None = None, **settings:
         session.close()
         session_module.set_active(None)
         log.info("%s", session.stats.summary())
+        log.debug("%s", session.stats.details())
 
 
 def current_session() -> Session | None:

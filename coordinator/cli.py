@@ -132,6 +132,8 @@ def _report_command(args: argparse.Namespace) -> int:
         print(f"coordinator: {exc}", file=sys.stderr)
         return 1
     print(report.table())
+    print("columns:")
+    print(report.legend())
     for warning in report.warnings:
         print(f"warning: {warning}")
     for note in report.notes:

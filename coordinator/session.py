@@ -21,6 +21,7 @@ import os
 import re
 import threading
 import time
+from typing import Any
 
 from coordinator import _compat
 from coordinator.artifacts import ShippedKernels
@@ -78,7 +79,8 @@ class Session:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.stats = Stats(_current_rank())
-        self.events = open_events(config.trace_dir, lambda: self.stats.rank)
+        self.stats.store = _store_name(config.store)
+        self.events = open_events(config.trace_dir, lambda: self.stats.rank, self.stats.count)
         self._flight: Singleflight | None = None
         self._open_lock = threading.Lock()
         self._told_no_store = False
@@ -108,18 +110,21 @@ class Session:
         try:
             store = TimedStore(open_store(self.config.store, chunk_bytes=self.config.chunk_bytes),
                                self.stats.record_store_call)
-        except ConfigError as exc:  # cannot change while this process runs: stop trying
+        except (ConfigError, StoreError) as exc:
+            if isinstance(exc, StoreError) and self.config.store is None:
+                # The job's store comes with init_process_group: until then, local compiles.
+                if not self._told_no_store:
+                    log.info("compile_once: no store yet (%s); compiling locally until there is one", exc)
+                    self._told_no_store = True
+                return None
+            # A store that cannot be opened will not open later: stop trying.
             log.warning("compile_once: cannot open the store (%s); compiling locally", exc)
+            self.events.instant("store lost", error=str(exc))
             self._unusable = True
-            return None
-        except StoreError as exc:
-            if not self._told_no_store:
-                log.info("compile_once: no store yet (%s); compiling locally until there is one", exc)
-                self._told_no_store = True
             return None
         rank = _current_rank()
         self.stats.rank, self.stats.store = rank, store.name
-        self._node = NodeCache(_compat.inductor_cache_dir())
+        self._node = NodeCache(_compat.inductor_cache_dir(), self.events)
         self._prefix = key_prefix(self.config.secret, self.config.namespace)
         warn_if_device_indices_differ(store, self._prefix, rank)
         return Singleflight(store, owner=Owner.this_process(rank), lease=self.config.lease,
@@ -175,7 +180,6 @@ class Session:
             self.kernels.missed(key)
         if kind == "fx_graph":
             self.ranks.compiling(key, inductor_key)
-        self.stats.record_compile(kind)
         self.events.compile_began(key)
 
     # -- the two calls Inductor makes ----------------------------------------------------
@@ -183,11 +187,14 @@ class Session:
     def get(self, kind: str, inductor_key: str) -> bytes | None:
         """Return the payload for ``inductor_key`` or ``None`` (Inductor then compiles)."""
         flight = self.flight()
-        if flight is None:
+        key = self.store_key(kind, inductor_key)
+        if flight is None:  # no store: Inductor compiles, and this rank's counts say so
+            self.stats.record_miss(kind)
+            if not (kind == "fx_graph" and _compat.in_aot_entry_load()):
+                self.events.compile_began(key)
             return None
         if kind == "fx_graph":
             self._asked_fx.add(inductor_key)
-        key = self.store_key(kind, inductor_key)
         began = time.time()
         result = self._lookup_once(flight, kind, key)
         sealed = self._verified(kind, key, result.value) if result.value is not None else None
@@ -216,7 +223,6 @@ class Session:
             # An early compile goes on only for a graph it claimed; one that a rank has,
             # or is compiling, is loaded when the backward pass needs it.
             raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
-        self.stats.record_lookup(result)
         return result
 
     def _verified(self, kind: str, key: str, value: bytes):
@@ -226,7 +232,6 @@ class Session:
         except IntegrityError as exc:
             log.warning("compile_once: rejected %s entry %s from the store: %s", kind, key, exc)
             self.events.instant("rejected", key=short_key(key), why=str(exc))
-            self.stats.record_rejected(kind)
             return None
 
     def _received(self, kind: str, key: str, sealed, nbytes: int, *, from_node: bool, began: float) -> None:
@@ -243,7 +248,6 @@ class Session:
             extension = float(int(saved_s)) if _compat.has_nccl_process_group() else 0.0
         else:
             extension = _compat.extend_nccl_timeouts(saved_s)
-        self.stats.record_hit(kind, nbytes, saved_s, extension, written, from_node=from_node)
         self.events.span("receive", began, key=short_key(key), bytes=nbytes, saved_s=round(saved_s, 3),
                          kernels=written, **{"from": "node" if from_node else "store"})
         if extension:
@@ -251,11 +255,11 @@ class Session:
 
     def put(self, kind: str, inductor_key: str, data: bytes) -> None:
         """Publish Inductor's freshly computed entry to the other ranks."""
-        flight = self.flight()
-        if flight is None:
-            return
+        flight = self.flight()  # first: opening the store names the keys' prefix
         key = self.store_key(kind, inductor_key)
         self.events.compile_ended(key)
+        if flight is None:
+            return
         if kind == "autotune" and _compat.defer_autotune_save(
             lambda files: self.publish(flight, kind, key, data, files)
         ):
@@ -277,8 +281,13 @@ class Session:
         self.publish(flight, kind, key, data, files)
 
     def publish(self, flight: Singleflight, kind: str, key: str, data: bytes, files: dict[str, bytes],
-                extra_meta: dict | None = None) -> None:
-        """Seal ``data`` (and ``files``) under ``key``, keep it on this node, publish it."""
+                extra_meta: dict | None = None, *, local_copy: bool = False) -> bool:
+        """Seal ``data`` (and ``files``) under ``key``, keep it on this node, publish it.
+        ``local_copy``: the value is this rank's local cache entry of a graph (``local_hits``).
+
+        Returns:
+            Whether it was published.
+        """
         match = _TIME_TAKEN.search(data[-256:])
         meta = {"time_taken_ms": int(match.group(1)) if match else 0, "rank": flight.owner.rank,
                 "host": flight.owner.host, **(extra_meta or {})}
@@ -289,14 +298,16 @@ class Session:
         except OSError as exc:
             log.debug("could not keep %s on this node: %s", key, exc)
         published = flight.publish(key, blob)
-        self.events.instant("publish", key=short_key(key), bytes=len(blob), ok=published)
-        if published:
-            self.stats.record_publish(kind, len(blob))
+        if local_copy:
+            self.events.instant("publish", key=short_key(key), bytes=len(blob), ok=published, local_copy=True)
         else:
-            self.stats.store_failed = True
+            self.events.instant("publish", key=short_key(key), bytes=len(blob), ok=published)
+        return published
 
     def compile_ended(self) -> None:
-        """An outermost compile finished: release the claims it did not publish."""
+        """An outermost compile finished: release the claims it did not publish, and end
+        the spans of the FX graphs it compiled without an entry."""
+        self.events.compiles_ended("fx_graph")
         if self._flight is not None:
             released = self._flight.abandon_all()
             if released:
@@ -305,4 +316,12 @@ class Session:
     def close(self) -> None:
         if self._flight is not None:
             self._flight.close()
+        self.events.compiles_ended()
         self.events.close()
+
+
+def _store_name(store: Any) -> str:
+    """The configured store's kind as the summary names it, before it is opened."""
+    if isinstance(store, str):
+        return store.split("://", 1)[0]
+    return getattr(store, "name", None) or "c10d"

@@ -194,3 +194,45 @@ def test_reads_of_the_rank_are_reported_except_for_logging(tmp_path):
         assert dist.get_rank is dist.distributed_c10d.get_rank and "report" not in str(dist.get_rank.__code__)
     finally:
         dist.destroy_process_group()
+
+
+def test_the_summary_is_one_short_line_and_the_details_go_to_debug():
+    from coordinator.stats import Stats
+
+    stats = Stats(rank=65535)
+    stats.store, stats.store_failed = "rediss", True
+    for n in range(99_999):  # counts of 5 digits in every field
+        for name, args, dur in (("compile", {"key": f"fx_graph/{n}"}, 0), ("local hit", {"key": f"fx_graph/{n}"}, 0),
+                                ("wait", {"key": f"fx_graph/{n}"}, 1e6), ("rejected", {"key": f"fx_graph/{n}"}, 0),
+                                ("receive", {"key": f"fx_graph/{n}", "bytes": 10**6, "saved_s": 1.0,
+                                             "from": "store"}, 0)):
+            stats.count({"name": name, "args": args, "dur": dur})
+    stats.rank_dependent = 99_999
+    line = stats.summary()
+    assert len(line) <= 200, (len(line), line)
+    assert line.startswith("compile_once rank 65535: compiled 99999, received 99999, local 99999, "
+                           "rank-dependent 99999; waits 99999 (99999.0s); saved 99999.0s; MB in 99999.00"), line
+    assert line.endswith("; rejected 99999; store rediss, failed"), line
+    details = Stats(0)
+    details.aot_autograd_hits = lambda: 3
+    assert "3 graphs skipped AOTAutograd" in details.details() and "NCCL timeout extended" in details.details()
+
+
+def test_a_store_that_cannot_be_opened_still_counts_what_the_rank_compiled(tmp_path, caplog):
+    """A store that fails at open (here a directory that cannot be made) means local
+    compiles; the summary counts them and names the store, failed."""
+    from coordinator.config import Config
+    from coordinator.session import Session
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    session = Session(Config(store=f"file://{blocker}/store"))
+    for graph in ("forward", "backward"):
+        assert session.get("fx_graph", f"pt2:fx-graph-v1::{graph}:c1") is None  # Inductor compiles
+        session.put("fx_graph", f"pt2:fx-graph-v1::{graph}:c1", b"entry")
+    session.close()
+    stats = session.stats.as_dict()
+    assert (stats["graphs_compiled"], stats["store"], stats["store_failed"]) == (2, "file", True)
+    assert "compiled 2, received 0" in session.stats.summary()
+    assert session.stats.summary().endswith("store file, failed")
+    assert caplog.text.count("cannot open the store") == 1

@@ -39,6 +39,16 @@ def traced_job(tmp_path_factory, worker_id):
     return root
 
 
+def assert_row_is_the_ranks_own(row, stats: dict) -> None:
+    """The report's row of a rank holds what the rank's own summary and stats() said."""
+    assert (row.compiled, row.received, row.local_hits, row.waits, row.rejected) == (
+        stats["graphs_compiled"], stats["graphs_received"], stats["graphs_found_in_local_cache"], stats["waits"],
+        stats["rejected"]), (row, stats)
+    assert (row.bytes_received, row.bytes_published) == (stats["bytes_received"], stats["bytes_published"]), stats
+    assert row.waited_s == pytest.approx(stats["waited_s"], abs=0.002) and row.saved_s == pytest.approx(
+        stats["compile_time_saved_s"], abs=0.002), (row, stats)
+
+
 def chromium_events(tlparse_out: Path) -> dict[int, list[dict]]:
     """The coordinator's events of each rank's timeline in tlparse's multi-rank output."""
     by_rank = {}
@@ -98,11 +108,10 @@ def test_report_merges_the_ranks_and_warns_about_a_graph_one_rank_needed(traced_
     assert waits and all((e["args"]["owner"], e["args"]["key"]) in compiled for e in waits), waits
     assert not [w for w in report.warnings if "waited" in w], report.warnings
 
-    # The table agrees with each rank's own counters.
+    # The table agrees with each rank's own counters, column for column.
     for row, rank_report in zip(report.rows, reports, strict=True):
-        stats = rank_report["stats"]
-        assert (row.compiled, row.received) == (stats["graphs_compiled"], stats["graphs_received"]), (row, stats)
-        assert row.bytes_published == stats["bytes_published"] and row.first_step_s is not None
+        assert_row_is_the_ranks_own(row, rank_report["stats"])
+        assert row.first_step_s is not None
     # Rank 2's recompile (batch 12) is a graph no other rank needed: named, with its ranks.
     divergent = [w for w in report.warnings if "never needed it" in w]
     traces = load_traces(traced_job / "trace")
@@ -124,6 +133,9 @@ def test_report_merges_the_ranks_and_warns_about_a_graph_one_rank_needed(traced_
     assert done.returncode == 0, done.stderr
     assert "never needed it" in done.stdout and done.stdout.splitlines()[0].split()[:3] == ["rank", "compiled",
                                                                                           "received"]
+    legend = done.stdout.split("columns:\n", 1)[1]
+    for column in done.stdout.splitlines()[0].split():  # each column explained once
+        assert sum(line.split()[0] == column for line in legend.splitlines() if line.strip()) == 1, column
 
 
 def test_report_without_matplotlib_writes_the_trace_and_the_table_and_an_empty_dir_is_an_error(traced_job, tmp_path):
