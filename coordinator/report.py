@@ -132,8 +132,9 @@ def job_start(traces: dict[int, list[dict]]) -> float:
 
 
 def graphs_needed(events: list[dict]) -> dict[str, str]:
-    """The FX graphs a rank compiled, received or found in its local cache: key -> how."""
-    how = {"compile": "compiled", "receive": "received", "local hit": "found in its local cache"}
+    """The FX graphs a rank compiled, received (from the store or its node's copy) or found
+    in its local cache (which local ranks may share): key -> how."""
+    how = {"compile": "compiled it", "receive": "received it", "local hit": "found it in its local cache"}
     needed: dict[str, str] = {}
     for e in events:
         key = e.get("args", {}).get("key", "")
@@ -177,7 +178,7 @@ def divergence(traces: dict[int, list[dict]], limit: int = 10) -> list[str]:
         if len(having) == len(needed):
             continue
         lacking = [rank for rank in needed if key not in needed[rank]]
-        how = "; ".join(f"rank {rank} {needed[rank][key]} it" for rank in having)
+        how = "; ".join(f"rank {rank} {needed[rank][key]}" for rank in having)
         warnings.append(f"graph {key} was needed by {_ranks(having)} only ({how}); {_ranks(lacking)} never "
                         "needed it: ranks that compile different graphs can hang in a collective")
     if len(warnings) > limit:

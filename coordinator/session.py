@@ -87,7 +87,8 @@ class Session:
         self._unusable = False
         self._prefix = ""
         self._node: NodeCache | None = None
-        #: FX keys this rank asked the store for; the others it found in its local cache.
+        #: FX keys this rank asked the store for and then received or compiled; the others it
+        #: found in its local cache.
         self._asked_fx: set[str] = set()
         self.kernels = ShippedKernels(_compat.inductor_cache_dir, _compat.triton_cache_dir)
         self.ranks = RankDependence()
@@ -193,8 +194,6 @@ class Session:
             if not (kind == "fx_graph" and _compat.in_aot_entry_load()):
                 self.events.compile_began(key)
             return None
-        if kind == "fx_graph":
-            self._asked_fx.add(inductor_key)
         began = time.time()
         result = self._lookup_once(flight, kind, key)
         sealed = self._verified(kind, key, result.value) if result.value is not None else None
@@ -206,6 +205,11 @@ class Session:
             sealed = self._verified(kind, key, result.value) if result.value is not None else None
             if result.value is not None and sealed is None:
                 result = dataclasses.replace(result, value=None, outcome="rejected")
+        if kind == "fx_graph":
+            # Not before: an early compile stopped by its lookup (SkipCompile) has not asked
+            # for the graph, and the rank may later find it in the local cache (a local rank
+            # compiled it), which must then count as a local hit.
+            self._asked_fx.add(inductor_key)
         if sealed is None:
             log.debug("compile_once: %s miss %s (%s)", kind, key, result.outcome)
             self._missed(kind, key, inductor_key)
