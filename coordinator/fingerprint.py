@@ -113,8 +113,9 @@ def warn_if_device_indices_differ(store, prefix: str, rank: int) -> None:
         return
     if index != 0 or (other is not None and int(other) != index):
         logging.getLogger(__name__).warning(
-            "compile_once: this rank compiles for cuda:%d%s. Inductor keys carry the device "
-            "index, so only ranks on the same index share compiles. Give every worker its GPU "
-            "as cuda:0: launch with coordinator-run, or torchrun --virtual-local-rank.",
+            "compile_once: this rank compiles for cuda:%d%s. Inductor's keys carry the device "
+            "index, so only ranks on the same index share compiles. Give every worker its GPU as "
+            "cuda:0: launch with `torchrun --virtual-local-rank` (and your other torchrun flags), "
+            "or with `coordinator-run`, which sets it.",
             index, "" if other is None else f" and rank {peer} for cuda:{int(other)}",
         )
