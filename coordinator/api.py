@@ -12,7 +12,7 @@ A launcher can switch the same thing on with no code change: with
 ``COORDINATOR_ENABLE=1`` in the environment, :func:`enable_from_env` (called from the
 ``sitecustomize`` in ``launch/``) enters ``compile_once`` for the life of the process
 and logs the summary at exit; with ``COORDINATOR_SAVE_BUNDLE=URL`` rank 0 also saves the
-job's bundle there at exit.
+job's bundle there at exit (``outbox``: into the node's outbox, for the SLURM Epilog).
 """
 
 from __future__ import annotations

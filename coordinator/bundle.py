@@ -45,6 +45,9 @@ from coordinator.node import file_lock
 
 log = logging.getLogger(__name__)
 
+#: ``outbox`` as a bundle URL: this node's outbox, ``<Inductor cache dir>/coordinator-outbox``,
+#: a ``file://`` store that the SLURM Epilog publishes from (``coordinator.slurm``).
+OUTBOX = "coordinator-outbox"
 MAGIC = b"coordinator-bundle/1"
 FORMAT = 1
 _KERNEL = "kernel/"
@@ -236,6 +239,14 @@ def bundle_settings(secret: str | bytes | None = None, namespace: str | None = N
     return config.secret, config.namespace
 
 
+def bundle_url(url: str) -> str:
+    """``url``, or for ``outbox`` the ``file://`` URL of this node's outbox in Inductor's
+    cache dir (``TORCHINDUCTOR_CACHE_DIR``, else Inductor's default), found when called."""
+    if url == "outbox":
+        return "file://" + os.path.join(_compat.inductor_cache_dir(), OUTBOX)
+    return url
+
+
 def check_bundle_name(name: str) -> None:
     """Raise ``ConfigError`` unless ``name`` can name a bundle (letters, digits, '.', '_', '-')."""
     if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", name):
@@ -334,7 +345,8 @@ def save_bundle(
     url: str, *, name: str = "default", secret: str | bytes | None = None, ttl: timedelta | None = None,
     max_bytes: int | None = None, blob: bytes | None = None,
 ) -> int:
-    """Persist this process's bundle (or ``blob``) under ``name`` in a store.
+    """Persist this process's bundle (or ``blob``) under ``name`` in a store (``url``, or
+    ``outbox``: this node's outbox, see :func:`bundle_url`).
 
     Readers never see a half-written bundle (the store publishes atomically). ``ttl``
     expires it in Redis; ``max_bytes`` refuses larger bundles.
@@ -347,7 +359,7 @@ def save_bundle(
     blob = pack_bundle(secret=bundle_settings(secret)[0]) if blob is None else blob
     if max_bytes is not None and len(blob) > max_bytes:
         raise ConfigError(f"max_bytes={max_bytes}: the bundle is {len(blob)} bytes, over this limit")
-    store = open_store(url)
+    store = open_store(bundle_url(url))
     store.set(bundle_key(name, secret=secret), blob, ttl=ttl)
     log.info("saved a %.1f MB bundle as %s in %s", len(blob) / 1e6, name, store.name)
     return len(blob)

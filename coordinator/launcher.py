@@ -25,7 +25,8 @@ codes and signal handling are torchrun's own. Before the workers start it:
   workers (node-level single fetch);
 * with ``--coordinator-restore URL``, installs the persisted bundle once for the node
   (a store it cannot reach is logged, never fatal);
-* with ``--coordinator-save-bundle URL``, has rank 0 save the job's bundle at exit;
+* with ``--coordinator-save-bundle URL``, has rank 0 save the job's bundle at exit
+  (``outbox``: into the node's outbox, which the SLURM Epilog publishes);
 * with ``--coordinator-trace DIR``, has every worker write its coordinator events into
   ``DIR`` (``coordinator.trace``), which ``coordinator report DIR`` merges.
 
@@ -70,7 +71,8 @@ _OPTION_HELP = {
     "--coordinator-store": ("URL", None),
     "--coordinator-secret": ("SECRET", None),
     "--coordinator-restore": ("URL", "install the bundle saved in this store once per node before the workers start"),
-    "--coordinator-save-bundle": ("URL", "rank 0 saves the job's bundle into this store at exit"),
+    "--coordinator-save-bundle": ("URL", "rank 0 saves the job's bundle into this store at exit (outbox: "
+                                         "into the node's outbox, for the SLURM Epilog)"),
     "--coordinator-bundle-name": ("NAME", "the bundle to save or restore (default: default)"),
     "--coordinator-namespace": ("NS", None),
     "--coordinator-log-level": ("LEVEL", "the workers' coordinator log lines: DEBUG, INFO, WARNING, ERROR "
@@ -235,7 +237,7 @@ def check_settings(environ: dict[str, str], options: dict[str, str] | None = Non
         try:
             if name == "COORDINATOR_BUNDLE_NAME":
                 check_bundle_name(environ[name])
-            else:
+            elif not (name == "COORDINATOR_SAVE_BUNDLE" and environ[name] == "outbox"):
                 check_store_url(environ[name])
         except ConfigError as exc:
             raise ConfigError(f"{given(sources.get(name, name), environ[name])}: {exc}") from None
