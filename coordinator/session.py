@@ -9,7 +9,8 @@ on the rank (``coordinator.rank_dependence``), local hits shared with cold ranks
 and the rules of each cache kind (``_compat.CACHE_KINDS``). It opens its store lazily, at
 the first cache access: the training script usually enters ``compile_once`` before or
 right after ``init_process_group``, and the default store exists only after it. A value
-that fails verification is a miss.
+that fails verification is never unpickled: it counts as missing, one rank compiles it
+again and the others wait for that (``Singleflight.lookup``'s ``rejected``).
 """
 
 from __future__ import annotations
