@@ -12,7 +12,7 @@ A launcher can switch the same thing on with no code change: with
 ``COORDINATOR_ENABLE=1`` in the environment, :func:`enable_from_env` (called from the
 ``sitecustomize`` in ``launch/``) enters ``compile_once`` for the life of the process
 and logs the summary at exit; with ``COORDINATOR_SAVE_BUNDLE=URL`` rank 0 also saves the
-job's bundle there at exit.
+job's bundle there at exit (``outbox``: into the node's outbox, for the SLURM Epilog).
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ from typing import Any
 
 from coordinator import session as session_module
 from coordinator.config import Config, parse_flag
-from coordinator.errors import CoordinatorError
+from coordinator.errors import ConfigError
 from coordinator.inductor import route_caches
 from coordinator.logs import parse_level, show_coordinator_logs
 from coordinator.session import Session
 
 log = logging.getLogger(__name__)
-
 
 
 @contextlib.contextmanager
@@ -52,16 +51,29 @@ def compile_once(store: Any = None, *, config: Config | None = None, **settings:
     Every setting left ``None`` comes from ``config`` if given, else its
     ``COORDINATOR_*`` environment variable, else the default.
 
+    Entered where a ``compile_once`` is already active in this process (a script run
+    under ``coordinator-run``, which entered it for the whole process), it joins that
+    session when its settings resolve to the same ones: it yields the active session,
+    and leaving it leaves the session open for the outer ``compile_once`` to close.
+
     Raises:
-        ConfigError: a setting is unknown or invalid.
-        CoordinatorError: another ``compile_once`` is already active in this process.
+        ConfigError: a setting is unknown or invalid, or a ``compile_once`` with
+            other settings is already active in this process (each differing setting
+            is named, with both values).
     """
     if config is None:
         config = Config.resolve(store=store, **settings)
     else:
         config = config.replace(store=store, **settings)
-    if session_module.active() is not None:
-        raise CoordinatorError("compile_once is already active in this process")
+    active = session_module.active()
+    if active is not None:
+        differences = active.config.differences(config)
+        if differences:
+            raise ConfigError("compile_once is already active in this process with other settings: "
+                              + "; ".join(differences))
+        log.debug("compile_once: joining the session already active in this process")
+        yield active  # the outer compile_once closes it
+        return
     session = Session(config)
     session_module.set_active(session)
     try:
@@ -71,6 +83,7 @@ def compile_once(store: Any = None, *, config: Config | None = None, **settings:
         session.close()
         session_module.set_active(None)
         log.info("%s", session.stats.summary())
+        log.debug("%s", session.stats.details())
 
 
 def current_session() -> Session | None:

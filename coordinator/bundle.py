@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 import socket
 import time
 from datetime import timedelta
@@ -39,11 +40,14 @@ from coordinator import _compat
 from coordinator.artifacts import AUTOTUNE_SUFFIXES, KERNEL_SUFFIXES, emit_kernels
 from coordinator.config import Config
 from coordinator.errors import ConfigError, EnvironmentMismatch, IntegrityError
-from coordinator.fingerprint import describe_difference, environment, fingerprint
+from coordinator.fingerprint import describe_difference, environment, fingerprint, key_prefix, secret_fingerprint
 from coordinator.node import file_lock
 
 log = logging.getLogger(__name__)
 
+#: ``outbox`` as a bundle URL: this node's outbox, ``<Inductor cache dir>/coordinator-outbox``,
+#: a ``file://`` store that the SLURM Epilog publishes from (``coordinator.slurm``).
+OUTBOX = "coordinator-outbox"
 MAGIC = b"coordinator-bundle/1"
 FORMAT = 1
 _KERNEL = "kernel/"
@@ -235,11 +239,31 @@ def bundle_settings(secret: str | bytes | None = None, namespace: str | None = N
     return config.secret, config.namespace
 
 
-def bundle_key(name: str = "default", namespace: str | None = None) -> str:
-    """The store key of bundle ``name`` for this environment (and namespace, see
-    :func:`bundle_settings`)."""
-    _, namespace = bundle_settings(namespace=namespace)
-    return f"bundles/{fingerprint()}/{namespace or '_'}/{name}"
+def bundle_url(url: str) -> str:
+    """``url``, or for ``outbox`` the ``file://`` URL of this node's outbox in Inductor's
+    cache dir (``TORCHINDUCTOR_CACHE_DIR``, else Inductor's default), found when called."""
+    if url == "outbox":
+        return "file://" + os.path.join(_compat.inductor_cache_dir(), OUTBOX)
+    return url
+
+
+def check_bundle_name(name: str) -> None:
+    """Raise ``ConfigError`` unless ``name`` can name a bundle (letters, digits, '.', '_', '-')."""
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", name):
+        raise ConfigError(f"bundle name {name!r} may only hold letters, digits, '.', '_' and '-'")
+
+
+def bundle_key(name: str = "default", namespace: str | None = None, secret: str | bytes | None = None) -> str:
+    """The store key of bundle ``name`` for this environment, secret and namespace (see
+    :func:`bundle_settings`): ``bundles/<environment>/<secret>/<namespace>/<name>``, as
+    ``coordinator.fingerprint.key_prefix`` names them.
+
+    Raises:
+        ConfigError: ``name`` cannot name a bundle.
+    """
+    check_bundle_name(name)
+    secret, namespace = bundle_settings(secret, namespace)
+    return f"bundles/{key_prefix(secret, namespace)}/{name}"
 
 
 def broadcast_bundle(src: int = 0, group: Any = None, *, secret: str | bytes | None = None) -> dict:
@@ -321,7 +345,8 @@ def save_bundle(
     url: str, *, name: str = "default", secret: str | bytes | None = None, ttl: timedelta | None = None,
     max_bytes: int | None = None, blob: bytes | None = None,
 ) -> int:
-    """Persist this process's bundle (or ``blob``) under ``name`` in a store.
+    """Persist this process's bundle (or ``blob``) under ``name`` in a store (``url``, or
+    ``outbox``: this node's outbox, see :func:`bundle_url`).
 
     Readers never see a half-written bundle (the store publishes atomically). ``ttl``
     expires it in Redis; ``max_bytes`` refuses larger bundles.
@@ -333,9 +358,9 @@ def save_bundle(
 
     blob = pack_bundle(secret=bundle_settings(secret)[0]) if blob is None else blob
     if max_bytes is not None and len(blob) > max_bytes:
-        raise ConfigError(f"bundle is {len(blob)} bytes, over the {max_bytes}-byte limit")
-    store = open_store(url)
-    store.set(bundle_key(name), blob, ttl=ttl)
+        raise ConfigError(f"max_bytes={max_bytes}: the bundle is {len(blob)} bytes, over this limit")
+    store = open_store(bundle_url(url))
+    store.set(bundle_key(name, secret=secret), blob, ttl=ttl)
     log.info("saved a %.1f MB bundle as %s in %s", len(blob) / 1e6, name, store.name)
     return len(blob)
 
@@ -349,7 +374,7 @@ def fetch_bundle(url: str, *, name: str = "default", secret: str | bytes | None 
     from coordinator.stores import open_store
 
     store = open_store(url)
-    blob = store.get(bundle_key(name))
+    blob = store.get(bundle_key(name, secret=secret))
     if blob is None:
         raise FileNotFoundError(f"no bundle {name!r} for environment {fingerprint()} in {store.name}")
     return read_bundle(blob, secret=bundle_settings(secret)[0])
@@ -374,9 +399,12 @@ def copy_bundles(src_url: str, dst_url: str, *, secret: str | bytes | None = Non
         if blob is None:
             continue
         try:
-            bundle = read_bundle(blob, secret=bundle_settings(secret)[0], check_environment=False)
+            verify_with = bundle_settings(secret)[0]
+            bundle = read_bundle(blob, secret=verify_with, check_environment=False)
             if key.split("/")[1] != fingerprint(bundle.header["environment"]):
                 raise EnvironmentMismatch(f"its environment is not the one its key {key} names")
+            if verify_with and key.split("/")[2] != secret_fingerprint(verify_with):
+                raise IntegrityError(f"its key {key} names another secret than the one it was verified with")
         except IntegrityError as exc:
             log.warning("not publishing %s from %s: %s", key, src.name, exc)
             continue
@@ -398,7 +426,7 @@ def load_bundle(url: str, *, name: str = "default", secret: str | bytes | None =
     """
     cache_dir = _compat.inductor_cache_dir()
     job = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or ""
-    tag = hashlib.sha256(f"{url}\0{bundle_key(name)}\0{job}".encode()).hexdigest()[:16]
+    tag = hashlib.sha256(f"{url}\0{bundle_key(name, secret=secret)}\0{job}".encode()).hexdigest()[:16]
     marker = os.path.join(cache_dir, f".coordinator-bundle-{tag}.done")
     with file_lock(os.path.join(cache_dir, ".coordinator-bundle.lock"), None):
         if os.path.exists(marker):

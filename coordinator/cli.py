@@ -9,7 +9,8 @@
     coordinator slurm prolog|epilog
     coordinator report DIR [--no-picture]
 
-``URL`` is a ``redis://``/``rediss://`` or ``file://`` store. ``load`` fetches,
+``URL`` is a ``redis://``/``rediss://`` or ``file://`` store, or ``outbox``: this node's
+outbox in Inductor's cache dir, which the SLURM Epilog publishes from. ``load`` fetches,
 verifies and installs into this machine's Inductor cache dir (once per node), or with
 ``--out`` only downloads the verified bytes. The secret comes from
 ``COORDINATOR_SECRET``. ``copy`` publishes every verified bundle of one store to another.
@@ -72,9 +73,12 @@ def _bundle_command(args: argparse.Namespace) -> int:
         from coordinator.stores import open_store
 
         store = open_store(args.url)
-        for key in store.list_keys("bundles/"):
+        keys = store.list_keys("bundles/")
+        for key in keys:
             blob = store.get(key)
             print(f"{key}\t{len(blob) if blob is not None else 0}")
+        if not keys:
+            print(f"no bundles in {args.url}")
     elif args.action == "rm":
         from coordinator.stores import open_store
 
@@ -86,34 +90,41 @@ def _bundle_command(args: argparse.Namespace) -> int:
     return 0
 
 
+_URL = "redis://host:port/db, rediss://..., file:///dir, or outbox (this node's outbox)"
+_NAME = "bundle name (default: default); the secret and namespace come from COORDINATOR_SECRET, COORDINATOR_NAMESPACE"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="coordinator", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     bundle = commands.add_parser("bundle", help="save, load, inspect, list and remove bundles")
     actions = bundle.add_subparsers(dest="action", required=True)
-    save = actions.add_parser("save", help="publish a bundle file to a store")
-    save.add_argument("url")
-    save.add_argument("file")
-    save.add_argument("--name", default="default")
-    save.add_argument("--ttl", type=float, default=None, help="seconds until Redis expires it")
-    save.add_argument("--max-bytes", type=int, default=None)
+    save = actions.add_parser("save", help="publish a bundle file to a store",
+                              description="Verify a bundle file (checksums, and the signature with "
+                                          "COORDINATOR_SECRET) and publish it to a store under a name.")
+    save.add_argument("url", help="the store to publish to: " + _URL)
+    save.add_argument("file", help="the bundle file (from `coordinator bundle load URL --out FILE`, or "
+                                   "bytes of coordinator.pack_bundle())")
+    save.add_argument("--name", default="default", help=_NAME)
+    save.add_argument("--ttl", type=float, default=None, help="seconds until Redis expires it (default: never)")
+    save.add_argument("--max-bytes", type=int, default=None, help="refuse a bundle larger than this (default: any)")
     load = actions.add_parser("load", help="fetch, verify and install a bundle (or --out FILE)")
-    load.add_argument("url")
-    load.add_argument("--name", default="default")
-    load.add_argument("--out", default=None)
+    load.add_argument("url", help="the store to fetch from: " + _URL)
+    load.add_argument("--name", default="default", help=_NAME)
+    load.add_argument("--out", default=None, help="write the verified bundle to this file instead of installing it")
     inspect = actions.add_parser("inspect", help="print a bundle's fingerprint, sizes, kernels, signature")
     inspect.add_argument("source", help="store URL or bundle file")
-    inspect.add_argument("--name", default="default")
+    inspect.add_argument("--name", default="default", help=_NAME)
     ls = actions.add_parser("ls", help="list the bundles in a store")
-    ls.add_argument("url")
+    ls.add_argument("url", help="the store: " + _URL)
     rm = actions.add_parser("rm", help="remove a bundle")
-    rm.add_argument("url")
-    rm.add_argument("name")
+    rm.add_argument("url", help="the store: " + _URL)
+    rm.add_argument("name", help="bundle name")
     copy = actions.add_parser("copy",
                               help="publish every verified bundle of one store to another (and remove it there)")
-    copy.add_argument("src")
-    copy.add_argument("dst")
+    copy.add_argument("src", help="the store to copy from: " + _URL)
+    copy.add_argument("dst", help="the store to copy to: " + _URL)
     copy.add_argument("--keep", action="store_true", help="leave the source copies")
     slurm = commands.add_parser("slurm", help="SLURM node hooks: restore before a job, push and clean after")
     slurm.add_argument("hook", choices=["prolog", "epilog"])
@@ -132,6 +143,8 @@ def _report_command(args: argparse.Namespace) -> int:
         print(f"coordinator: {exc}", file=sys.stderr)
         return 1
     print(report.table())
+    print("columns:")
+    print(report.legend())
     for warning in report.warnings:
         print(f"warning: {warning}")
     for note in report.notes:
@@ -143,6 +156,9 @@ def _report_command(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    for name in ("url", "src", "dst"):
+        if getattr(args, name, None):
+            setattr(args, name, bundles.bundle_url(getattr(args, name)))
     if args.command == "slurm":
         import logging
 

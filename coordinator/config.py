@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -68,20 +69,46 @@ _ENV = {
     "trace_dir": "COORDINATOR_TRACE",
 }
 
+#: One line per setting: what it does, and its default (``coordinator-run --help``).
+DESCRIPTIONS = {
+    "store": "where ranks meet: redis://host:port/db, rediss://..., file:///dir (default: the job's TCPStore)",
+    "secret": "sign every value with HMAC-SHA256 and refuse unsigned or wrongly signed ones (default: none)",
+    "lease": "seconds without a heartbeat after which a waiter takes over a compile (default 20)",
+    "wait_timeout": "longest wait for one graph in seconds; then the rank compiles it itself (default 1800)",
+    "progress_interval": "seconds between a waiting rank's progress lines (default 10)",
+    "namespace": "extra key prefix (model, team) for stores that many jobs share (default: none)",
+    "caches": "comma-separated caches to share: " + ", ".join(CACHE_KINDS) + " (default: all but bundled_autotune)",
+    "chunk_bytes": "largest single Redis value; larger ones are chunked (default 64 MiB)",
+    "ship_cpu_kernels": "ship compiled C++ kernels with FX graphs (1/0, default 1)",
+    "share_local_hits": "publish graphs found in the local cache, or wait while another rank compiles them (default 1)",
+    "compile_choices_once": "max-autotune: compile each GEMM choice once, in threads of the rank (default 1)",
+    "signalled_waits": "waiting ranks block on the compiling rank's signals instead of polling (default 1)",
+    "early_backward": "a waiting rank compiles the backward graphs it knows meanwhile (default 1)",
+    "cache_ddp_graphs": "serve DDP's split graphs from AOTAutograd's cache (default 1 where torch allows)",
+    "precompile": "share each function's precompiled form, installed without tracing (default 0)",
+    "trace_dir": "write this rank's coordinator events into this dir, for coordinator report (default: none)",
+}
 
-def _seconds(name: str, raw: str) -> timedelta:
+
+def given(source: str, raw: str) -> str:
+    """How an error names a value from the environment or the command line, as it was
+    written: ``COORDINATOR_LEASE_S=-3``, or ``--coordinator-store bogus://x`` for an option."""
+    return f"{source} {shlex.quote(raw)}" if source.startswith("-") else f"{source}={shlex.quote(raw)}"
+
+
+def _seconds(source: str, raw: str) -> timedelta:
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{_ENV[name]}={raw!r} is not a number of seconds") from None
+        raise ConfigError(f"{given(source, raw)}: not a number of seconds") from None
     return timedelta(seconds=value)
 
 
-def _integer(name: str, raw: str) -> int:
+def _integer(source: str, raw: str) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ConfigError(f"{_ENV[name]}={raw!r} is not a whole number") from None
+        raise ConfigError(f"{given(source, raw)}: not a whole number") from None
 
 
 def parse_flag(raw: str, source: str) -> bool:
@@ -95,11 +122,11 @@ def parse_flag(raw: str, source: str) -> bool:
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"{source}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+    raise ConfigError(f"{given(source, raw)}: expected one of 1/0, true/false, yes/no, on/off")
 
 
-def _flag(name: str, raw: str) -> bool:
-    return parse_flag(raw, _ENV[name])
+def _flag(source: str, raw: str) -> bool:
+    return parse_flag(raw, source)
 
 
 _PARSE_ENV = {
@@ -211,55 +238,88 @@ class Config:
             self.secret = None
         for name in ("lease", "wait_timeout", "progress_interval"):
             value = getattr(self, name)
-            if isinstance(value, (int, float)):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
                 value = timedelta(seconds=value)
-                setattr(self, name, value)
             if not isinstance(value, timedelta) or value <= timedelta(0):
-                raise ConfigError(f"{name} must be a positive timedelta, got {value!r}")
+                raise self._invalid(name, "must be a positive number of seconds (or a positive timedelta)")
+            setattr(self, name, value)
         if isinstance(self.caches, str):
             self.caches = tuple(part.strip() for part in self.caches.split(",") if part.strip())
         self.caches = tuple(self.caches)
         unknown = sorted(set(self.caches) - set(CACHE_KINDS))
         if unknown:
-            raise ConfigError(f"unknown cache kinds {unknown}; allowed: {', '.join(CACHE_KINDS)}")
-        if self.chunk_bytes < 1024:
-            raise ConfigError(f"chunk_bytes must be at least 1024, got {self.chunk_bytes}")
-        if not re.fullmatch(r"[A-Za-z0-9._-]*", self.namespace):
-            raise ConfigError(f"namespace {self.namespace!r} may only hold letters, digits, '.', '_' and '-'")
+            raise self._invalid("caches", f"unknown cache kinds {unknown}; allowed: {', '.join(CACHE_KINDS)}")
+        if not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1024:
+            raise self._invalid("chunk_bytes", "must be a whole number of bytes, at least 1024")
+        if not isinstance(self.namespace, str) or not re.fullmatch(r"[A-Za-z0-9._-]*", self.namespace):
+            raise self._invalid("namespace", "may only hold letters, digits, '.', '_' and '-'")
         if isinstance(self.trace_dir, str):
             self.trace_dir = Path(self.trace_dir)
         if self.trace_dir is not None and self.trace_dir.exists() and not self.trace_dir.is_dir():
-            raise ConfigError(f"trace_dir {str(self.trace_dir)!r} is not a directory")
+            raise self._invalid("trace_dir", "exists and is not a directory")
         if isinstance(self.store, str):
             from coordinator.stores import check_store_url
 
-            check_store_url(self.store)
+            try:
+                check_store_url(self.store)
+            except ConfigError as exc:
+                raise self._invalid("store", str(exc)) from None
         elif self.store is not None:
             import torch.distributed as dist
 
             from coordinator.stores import Store
 
             if not isinstance(self.store, (Store, dist.Store)):
-                raise ConfigError(f"cannot use {type(self.store).__name__} as a store; give a URL, a "
-                                  "torch.distributed.Store or a coordinator.Store")
+                raise self._invalid("store", f"cannot use {type(self.store).__name__} as a store; give a URL, "
+                                             "a torch.distributed.Store or a coordinator.Store")
+
+    def _invalid(self, name: str, reason: str) -> ConfigError:
+        return _invalid(name, getattr(self, name), reason)
 
     @classmethod
-    def resolve(cls, environ: Mapping[str, str] | None = None, **arguments: Any) -> Config:
+    def resolve(cls, environ: Mapping[str, str] | None = None, *, sources: Mapping[str, str] | None = None,
+                **arguments: Any) -> Config:
         """Build a config: arguments that are not ``None`` first, then the variables of
-        ``environ`` (default ``os.environ``), then defaults.
+        ``environ`` (default ``os.environ``), then defaults. ``sources`` names where a
+        variable's value came from in errors (``coordinator-run`` passes its options).
 
         Raises:
-            ConfigError: a setting is invalid, with the variable or argument it came from.
+            ConfigError: a setting is invalid, naming the variable or argument it came
+                from and the value given.
         """
         environ = os.environ if environ is None else environ
         _check_names(arguments)
         values: dict[str, Any] = {}
+        from_environ: dict[str, str] = {}
         for name, env_name in _ENV.items():
             if arguments.get(name) is not None:
                 values[name] = arguments[name]
             elif environ.get(env_name):
-                values[name] = _PARSE_ENV[name](name, environ[env_name])
-        return cls(**values)
+                source = (sources or {}).get(env_name, env_name)
+                values[name] = _PARSE_ENV[name](source, environ[env_name])
+                from_environ[name] = given(source, environ[env_name])
+        try:
+            return cls(**values)
+        except ConfigError as exc:
+            if getattr(exc, "setting", None) in from_environ:
+                raise ConfigError(f"{from_environ[exc.setting]}: {exc.reason}") from None
+            raise
+
+    def differences(self, other: Config) -> list[str]:
+        """Each setting in which ``other`` differs from this config, as ``name
+        (VARIABLE): active VALUE, requested VALUE``; a secret's value is never shown."""
+        found = []
+        for field in dataclasses.fields(self):
+            mine, theirs = getattr(self, field.name), getattr(other, field.name)
+            if mine is theirs or (type(mine) is type(theirs) and mine == theirs):
+                continue
+            if field.name == "secret":
+                shown = ("none" if mine is None else "set",
+                         "none" if theirs is None else "set" if mine is None else "another one")
+            else:
+                shown = (_shown(mine), _shown(theirs))
+            found.append(f"{field.name} ({_ENV[field.name]}): active {shown[0]}, requested {shown[1]}")
+        return found
 
     def replace(self, **arguments: Any) -> Config:
         """This config with the arguments that are not ``None`` in place of its values,
@@ -270,6 +330,23 @@ class Config:
         """
         _check_names(arguments)
         return dataclasses.replace(self, **{name: value for name, value in arguments.items() if value is not None})
+
+
+def _invalid(setting: str, value: Any, reason: str) -> ConfigError:
+    """The error for an invalid value of ``setting``, named as an argument (``lease=-3``);
+    :meth:`Config.resolve` names the variable instead when the value came from one."""
+    error = ConfigError(f"{setting}={_shown(value)}: {reason}")
+    error.setting, error.reason = setting, reason
+    return error
+
+
+def _shown(value: Any) -> str:
+    """A setting's value as a message shows it: seconds for a timedelta, else its repr."""
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds():g}s"
+    if isinstance(value, Path):
+        return repr(str(value))
+    return repr(value)
 
 
 def _check_names(arguments: Mapping[str, Any]) -> None:

@@ -1,10 +1,15 @@
-"""The environment fingerprint that namespaces every key.
+"""The fingerprints that namespace every key: the environment's and the secret's.
 
 Compiled artifacts are only valid where they were built: the same torch and Triton,
 the same CUDA, the same GPU model and compute capability, the same Python (pickles
 and bytecode), the same CPU architecture for C++ kernels, and the same format of our
 own envelope. Keys are prefixed with a short hash of these fields, so artifacts never
 cross incompatible environments; the fields themselves are kept for error messages.
+
+Values are signed with the job's secret, and a job refuses values signed with another
+one. Keys are also prefixed with a short fingerprint of the secret (``none`` without
+one), so jobs with different secrets on one store keep apart: neither reads the
+other's values (and compiles each graph again after refusing them), nor overwrites them.
 """
 
 from __future__ import annotations
@@ -61,6 +66,23 @@ def fingerprint(fields: dict[str, str] | None = None) -> str:
     return hashlib.sha256(packed).hexdigest()[:16]
 
 
+def secret_fingerprint(secret: bytes | None) -> str:
+    """12 hex digits of a SHA-256 over a domain-separated string of ``secret``, or ``none``.
+
+    The secret itself is never in a key. The fingerprint tells a reader of the store no
+    more than a signed value does: either lets one test guesses of the secret offline.
+    """
+    if not secret:
+        return "none"
+    return hashlib.sha256(b"coordinator/key-namespace/1\0" + secret).hexdigest()[:12]
+
+
+def key_prefix(secret: bytes | None, namespace: str) -> str:
+    """``<environment>/<secret>/<namespace or _>``: the prefix of every key a session or
+    a bundle uses."""
+    return f"{fingerprint()}/{secret_fingerprint(secret)}/{namespace or '_'}"
+
+
 def describe_difference(ours: dict[str, str], theirs: dict[str, str]) -> str:
     """Name the fields in which two environments differ, e.g. ``torch: 2.13.0 != 2.11.0``."""
     names = sorted(set(ours) | set(theirs))
@@ -91,8 +113,9 @@ def warn_if_device_indices_differ(store, prefix: str, rank: int) -> None:
         return
     if index != 0 or (other is not None and int(other) != index):
         logging.getLogger(__name__).warning(
-            "compile_once: this rank compiles for cuda:%d%s. Inductor keys carry the device "
-            "index, so only ranks on the same index share compiles. Give every worker its GPU "
-            "as cuda:0: launch with coordinator-run, or torchrun --virtual-local-rank.",
+            "compile_once: this rank compiles for cuda:%d%s. Inductor's keys carry the device "
+            "index, so only ranks on the same index share compiles. Give every worker its GPU as "
+            "cuda:0: launch with `torchrun --virtual-local-rank` (and your other torchrun flags), "
+            "or with `coordinator-run`, which sets it.",
             index, "" if other is None else f" and rank {peer} for cuda:{int(other)}",
         )

@@ -25,9 +25,13 @@ codes and signal handling are torchrun's own. Before the workers start it:
   workers (node-level single fetch);
 * with ``--coordinator-restore URL``, installs the persisted bundle once for the node
   (a store it cannot reach is logged, never fatal);
-* with ``--coordinator-save-bundle URL``, has rank 0 save the job's bundle at exit;
+* with ``--coordinator-save-bundle URL``, has rank 0 save the job's bundle at exit
+  (``outbox``: into the node's outbox, which the SLURM Epilog publishes);
 * with ``--coordinator-trace DIR``, has every worker write its coordinator events into
   ``DIR`` (``coordinator.trace``), which ``coordinator report DIR`` merges.
+
+``coordinator-run --help`` lists these options and the ``COORDINATOR_*`` variables, then
+torchrun's own help.
 
 Each worker shows the ``coordinator`` logger's lines (its summary at exit, who it waits
 for) at ``--coordinator-log-level`` (default ``INFO``), whether or not the training
@@ -62,6 +66,20 @@ OPTIONS = {
     "--coordinator-log-level": "COORDINATOR_LOG_LEVEL",
     "--coordinator-trace": "COORDINATOR_TRACE",
 }
+#: Each option's value, and what it does where ``Config`` does not say (``--help``).
+_OPTION_HELP = {
+    "--coordinator-store": ("URL", None),
+    "--coordinator-secret": ("SECRET", None),
+    "--coordinator-restore": ("URL", "install the bundle saved in this store once per node before the workers start"),
+    "--coordinator-save-bundle": ("URL", "rank 0 saves the job's bundle into this store at exit (outbox: "
+                                         "into the node's outbox, for the SLURM Epilog)"),
+    "--coordinator-bundle-name": ("NAME", "the bundle to save or restore (default: default)"),
+    "--coordinator-namespace": ("NS", None),
+    "--coordinator-log-level": ("LEVEL", "the workers' coordinator log lines: DEBUG, INFO, WARNING, ERROR "
+                                         "(default: INFO)"),
+    "--coordinator-trace": ("DIR", None),
+}
+_HELP_FLAGS = ("-h", "--help")
 
 
 def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -98,15 +116,51 @@ def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
 @functools.lru_cache(maxsize=1)
 def _torchrun_parser() -> argparse.ArgumentParser:
     """torchrun's parser, for reading its arguments without acting on them: an option
-    that prints and exits as it is parsed (``--print-completion``, torch 2.14) only
-    stores its value here."""
+    that prints and exits as it is parsed (``--help``; ``--print-completion``, torch
+    2.14) only stores its value here."""
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
     for action in parser._actions:
         if "--print-completion" in action.option_strings:
             action.__class__ = argparse._StoreAction
+        elif isinstance(action, argparse._HelpAction):
+            action.__class__ = argparse._StoreConstAction
+            action.const = True
     return parser
+
+
+def asks_for_help(torchrun_args: list[str]) -> bool:
+    """Whether ``-h``/``--help`` comes before the training script (after it, it is the script's)."""
+    for i, arg in enumerate(torchrun_args):
+        if arg in _HELP_FLAGS:
+            return True
+        if not arg.startswith("-") and _is_script(torchrun_args[: i + 1]):
+            return False
+    return False
+
+
+def help_text() -> str:
+    """Our options and ``COORDINATOR_*`` variables; torchrun's own help follows it."""
+    from coordinator.config import _ENV, DESCRIPTIONS
+
+    setting_of = {variable: name for name, variable in _ENV.items()}
+    lines = [
+        "usage: coordinator-run [--coordinator-OPTION VALUE ...] [torchrun options] script.py [script args]",
+        "",
+        "torchrun with compile_once on in every worker, with no change to the training script. The options",
+        "below are coordinator-run's own; every other argument goes to torchrun unchanged (its help follows).",
+        "",
+        "coordinator-run options (each can be given as its environment variable instead):",
+    ]
+    for flag, variable in OPTIONS.items():
+        metavar, meaning = _OPTION_HELP[flag]
+        lines += [f"  {flag + ' ' + metavar:<36}{variable}", f"      {meaning or DESCRIPTIONS[setting_of[variable]]}"]
+    lines += ["", "Other settings the workers read (compile_once arguments; README.md, \"Configuration\"):"]
+    for name, variable in _ENV.items():
+        if variable not in OPTIONS.values():
+            lines += [f"  {variable}", f"      {DESCRIPTIONS[name]}"]
+    return "\n".join(lines + ["", "torchrun's help:", ""])
 
 
 def _is_script(args: list[str]) -> bool:
@@ -160,20 +214,33 @@ def worker_environment(settings: dict[str, str], environ: dict[str, str], *,
     return env
 
 
-def check_settings(environ: dict[str, str]) -> None:
+def check_settings(environ: dict[str, str], options: dict[str, str] | None = None) -> None:
     """Refuse, before any worker starts, settings every worker would refuse.
 
+    ``options`` are the settings given as ``--coordinator-*`` options (variable -> value),
+    which the errors name by their option.
+
     Raises:
-        ConfigError: a ``COORDINATOR_*`` setting of ``environ`` is invalid.
+        ConfigError: a ``COORDINATOR_*`` setting of ``environ`` is invalid, naming the
+            variable or option and the value given.
     """
-    from coordinator.config import Config
+    from coordinator.bundle import check_bundle_name
+    from coordinator.config import Config, given
     from coordinator.stores import check_store_url
 
-    Config.resolve(environ=environ)
-    parse_level(environ.get("COORDINATOR_LOG_LEVEL"))
-    for name in ("COORDINATOR_RESTORE_BUNDLE", "COORDINATOR_SAVE_BUNDLE"):
-        if environ.get(name):
-            check_store_url(environ[name])
+    sources = {variable: flag for flag, variable in OPTIONS.items() if variable in (options or {})}
+    Config.resolve(environ=environ, sources=sources)
+    parse_level(environ.get("COORDINATOR_LOG_LEVEL"), sources.get("COORDINATOR_LOG_LEVEL", "COORDINATOR_LOG_LEVEL"))
+    for name in ("COORDINATOR_RESTORE_BUNDLE", "COORDINATOR_SAVE_BUNDLE", "COORDINATOR_BUNDLE_NAME"):
+        if not environ.get(name):
+            continue
+        try:
+            if name == "COORDINATOR_BUNDLE_NAME":
+                check_bundle_name(environ[name])
+            elif not (name == "COORDINATOR_SAVE_BUNDLE" and environ[name] == "outbox"):
+                check_store_url(environ[name])
+        except ConfigError as exc:
+            raise ConfigError(f"{given(sources.get(name, name), environ[name])}: {exc}") from None
 
 
 def restore(url: str, name: str) -> None:
@@ -191,8 +258,14 @@ def restore(url: str, name: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     settings, torchrun_args = split_args(sys.argv[1:] if argv is None else argv)
+    if asks_for_help(torchrun_args):
+        print(help_text(), flush=True)
+        from torch.distributed.run import get_args_parser
+
+        get_args_parser().print_help()
+        return
     try:
-        check_settings({**os.environ, **settings})
+        check_settings({**os.environ, **settings}, settings)
     except ConfigError as exc:
         raise SystemExit(f"coordinator-run: {exc}") from None
     show_coordinator_logs(logging.WARNING, prefix="")

@@ -48,7 +48,6 @@ def share_local_hit(session: Session, inductor_key: str, remote_value: Callable[
     key = session.store_key("fx_graph", inductor_key)
     session.events.instant("local hit", key=short_key(key))
     result = flight.offer(key)
-    session.stats.record_lookup(result)
     if result.outcome != "claimed":
         if result.waited_s >= 1.0:
             log.info("compile_once: FX graph %s is in this rank's local cache, but another rank was compiling "
@@ -61,9 +60,8 @@ def share_local_hit(session: Session, inductor_key: str, remote_value: Callable[
             flight.abandon(key)
             return
         files = session.kernels.read(kernel_paths) if session.config.ship_cpu_kernels else {}
-        session.publish(flight, "fx_graph", key, value, files)
+        session.publish(flight, "fx_graph", key, value, files, local_copy=True)
     except BaseException:
         flight.abandon(key)
         raise
-    session.stats.record_shared_from_local()
     log.info("compile_once: shared FX graph %s from this rank's local cache (%d kernel files)", key, len(files))

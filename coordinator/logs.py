@@ -17,21 +17,22 @@ import logging
 import os
 import sys
 
+from coordinator.config import given
 from coordinator.errors import ConfigError
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_LEVEL = "INFO"
 
 
-def parse_level(raw: str | None) -> int:
+def parse_level(raw: str | None, source: str = "COORDINATOR_LOG_LEVEL") -> int:
     """``COORDINATOR_LOG_LEVEL``'s value as a logging level (unset: ``INFO``).
 
     Raises:
-        ConfigError: not one of ``LEVELS``.
+        ConfigError: not one of ``LEVELS``, naming ``source`` (where the value came from).
     """
     name = (raw or DEFAULT_LEVEL).strip().upper()
     if name not in LEVELS:
-        raise ConfigError(f"COORDINATOR_LOG_LEVEL={raw!r}: expected one of {', '.join(LEVELS)}")
+        raise ConfigError(f"{given(source, raw or '')}: expected one of {', '.join(LEVELS)}")
     return getattr(logging, name)
 
 

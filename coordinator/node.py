@@ -6,7 +6,10 @@ once, the first to take the key's lock (``flock`` on a file in
 then find the value in ``<cache dir>/coordinator/values`` (written by temp file +
 rename). Values found there are verified like any other. Fetches from the store per
 job are then one per node, not one per rank. The lock wait polls, so it ends at the
-same deadline as any wait on the store.
+same deadline as any wait on the store. Such a wait is a wait on another process's
+work, as one on the store is: it is an event (``wait``, via ``node lock``), from the
+moment the lock was found taken, or the end of the work the rank did meanwhile, until
+the lock is free.
 
 Every node-wide lock of the coordinator goes through :func:`file_lock`: the per-key
 locks above, a bundle's install (``coordinator.bundle``) and the :class:`DeviceLock`
@@ -27,19 +30,21 @@ from collections.abc import Callable, Iterator
 
 from coordinator.errors import WaitTimeout
 from coordinator.singleflight import LookupResult, Singleflight
+from coordinator.trace import NO_EVENTS, NoEvents, short_key
 
 log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def file_lock(path: str, wait_s: float | None,
-              while_waiting: Callable[[], bool] | None = None) -> Iterator[bool]:
+def file_lock(path: str, wait_s: float | None, while_waiting: Callable[[], bool] | None = None,
+              waited: Callable[[float], None] | None = None) -> Iterator[bool]:
     """Hold an exclusive ``flock`` on ``path`` (created with its folder if missing).
 
     ``wait_s=None`` blocks until the lock is free; otherwise tries for up to ``wait_s``
     seconds (0: once), calling ``while_waiting`` between two tries (it returns whether
     it did work, which makes the next try come sooner). Yields whether this process holds
-    the lock.
+    the lock. ``waited``, if the first try found the lock taken and a later one got it, is
+    called with the wall-clock time the wait began (after the last work ``while_waiting`` did).
     """
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "a+") as f:
@@ -47,7 +52,7 @@ def file_lock(path: str, wait_s: float | None,
             fcntl.flock(f, fcntl.LOCK_EX)
             locked = True
         else:
-            locked = _try_flock(f, time.monotonic() + wait_s, while_waiting)
+            locked = _try_flock(f, time.monotonic() + wait_s, while_waiting, waited)
         try:
             yield locked
         finally:
@@ -55,16 +60,23 @@ def file_lock(path: str, wait_s: float | None,
                 fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _try_flock(f, deadline: float, while_waiting: Callable[[], bool] | None) -> bool:
+def _try_flock(f, deadline: float, while_waiting: Callable[[], bool] | None,
+               waited: Callable[[float], None] | None) -> bool:
     delay = 0.005
+    wait_began = None
     while True:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if wait_began is not None and waited is not None:
+                waited(wait_began)
             return True
         except BlockingIOError:
+            if wait_began is None:
+                wait_began = time.time()
             if time.monotonic() >= deadline:
                 return False
             if while_waiting is not None and while_waiting():
+                wait_began = time.time()  # the work is not waiting: the wait starts after it
                 delay = 0.005
                 continue
             time.sleep(delay)
@@ -86,8 +98,9 @@ class DeviceLock:
 class NodeCache:
     """Values fetched or published by any process of this node, keyed by store key."""
 
-    def __init__(self, cache_dir: str) -> None:
+    def __init__(self, cache_dir: str, events: NoEvents = NO_EVENTS) -> None:
         self.root = os.path.join(cache_dir, "coordinator")
+        self._events = events
 
     def _path(self, kind: str, key: str) -> str:
         return os.path.join(self.root, kind, hashlib.sha256(key.encode()).hexdigest()[:40])
@@ -107,6 +120,18 @@ class NodeCache:
             f.write(value)
         os.replace(tmp, path)
 
+    def forget(self, key: str, value: bytes) -> None:
+        """Remove this node's copy of ``key`` if it is ``value`` (a value that failed
+        verification), so that local ranks ask the store instead."""
+        path = self._path("values", key)
+        try:
+            with open(path, "rb") as f:
+                if f.read() != value:
+                    return
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
     def lookup(self, flight: Singleflight, key: str, *, blocking: bool, wait_s: float | None,
                work_first: Callable[[], bool] | None) -> LookupResult:
         """Look ``key`` up once per node: from this node's copy, else, under the key's node
@@ -117,9 +142,13 @@ class NodeCache:
         if local is not None:
             return LookupResult(local, "node")
         started = time.monotonic()
+        wait_began: list[float] = []
         try:
-            with self.lock(key, wait_s or 0.0, work_first if wait_s is not None else None):
+            with self.lock(key, wait_s or 0.0, work_first if wait_s is not None else None, wait_began.append):
                 local = self.read(key)
+                if wait_began:  # another process of this node held the key's lock
+                    self._events.span("wait", wait_began[0], key=short_key(key), via="node lock",
+                                      ended="received" if local is not None else "asked the store")
                 if local is not None:
                     return LookupResult(local, "node", time.monotonic() - started)
                 lock_wait = time.monotonic() - started
@@ -135,11 +164,13 @@ class NodeCache:
             return flight.lookup(key, blocking=blocking)
 
     @contextlib.contextmanager
-    def lock(self, key: str, timeout_s: float, while_waiting: Callable[[], bool] | None = None) -> Iterator[None]:
+    def lock(self, key: str, timeout_s: float, while_waiting: Callable[[], bool] | None = None,
+             waited: Callable[[float], None] | None = None) -> Iterator[None]:
         """Hold the node-wide lock of ``key``; raises ``WaitTimeout`` past ``timeout_s``
         (at once when ``timeout_s`` is 0 and another process holds it). ``while_waiting``
-        is called between two tries (it returns whether it did work)."""
-        with file_lock(self._path("locks", key), timeout_s, while_waiting) as locked:
+        is called between two tries (it returns whether it did work); ``waited`` as
+        :func:`file_lock` calls it."""
+        with file_lock(self._path("locks", key), timeout_s, while_waiting, waited) as locked:
             if not locked:
                 raise WaitTimeout(f"node lock of {key} still held after {timeout_s:.0f}s")
             yield

@@ -84,7 +84,6 @@ class PrecompiledFunctions:
             return None
         store_key = session.store_key(KIND, key)
         result = flight.lookup(store_key, blocking=False)
-        session.stats.record_lookup(result)
         if result.value is None:
             return None
         try:
@@ -92,7 +91,6 @@ class PrecompiledFunctions:
         except IntegrityError as exc:
             log.warning("compile_once: rejected precompiled function %s from the store: %s; tracing it", key, exc)
             session.events.instant("rejected", key=short_key(store_key), why=str(exc))
-            session.stats.record_miss(KIND, rejected=True)
             return None
         try:
             written = session.kernels.emit(sealed.files) if sealed.files else 0
@@ -100,8 +98,8 @@ class PrecompiledFunctions:
             log.warning("compile_once: could not write a package's kernels (%s); Inductor will compile them", exc)
             written = 0
         session.kernels.record(KIND, sealed.files, 0.0)
-        session.stats.record_hit(KIND, len(result.value), 0.0, 0.0, written)
-        session.events.instant("receive", key=short_key(store_key), bytes=len(result.value), kind=KIND)
+        session.events.instant("receive", key=short_key(store_key), bytes=len(result.value), kernels=written,
+                               **{"from": "store"})
         with self._lock:
             self._known[key] = sealed.meta.get("entries", 0)
         return sealed.payload
@@ -127,7 +125,8 @@ class PrecompiledFunctions:
                 self._known.pop(key, None)
         if error is not None:
             log.warning("compile_once: precompiled function %s not installed (%s); tracing it", key, error)
-            self._session.stats.record_miss(KIND, rejected=True)
+            self._session.events.instant("rejected", key=short_key(self._session.store_key(KIND, key)),
+                                         why=f"not installed: {error}")
 
     def publish_ready(self) -> None:
         """Publish each recorded package that is complete and larger than the store's

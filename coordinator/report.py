@@ -7,16 +7,19 @@ a file cut short by a killed rank is read up to its last whole event) and writes
 * ``job.trace.json``: one Chrome trace with a row per rank (open it in Perfetto or
   chrome://tracing);
 * ``job.png`` and ``job.svg``: a bar per rank through time, coloured by what the rank was
-  doing for the coordinator (compiling, waiting on another rank, loading, compiling
-  backward graphs early), with a mark where each optimizer step ended. Drawing needs
+  doing for the coordinator (compiling, compiling its share of a split frame, waiting on
+  another rank, loading, compiling backward graphs early), with a mark where each optimizer
+  step ended. Drawing needs
   matplotlib (``pip install 'coordinator[plot]'``); without it the trace and the table
   are still written.
 
-It returns (and the command prints) a table per rank, graphs compiled, received, waits,
-time saved, bytes, rejections, and warnings: ranks that compiled or received different
-sets of FX graphs (a rank that compiles a graph its peers never need usually took
-another path through the model, the usual cause of a collective that hangs), and waits
-on a rank that never compiled or published the graph.
+It returns (and the command prints) a table per rank, with a legend: graphs compiled,
+received, found locally, waits, time saved, bytes, rejections, counted from the rank's
+events by the same function the rank's own summary counts them with (``Stats.count``), so
+the two agree. And warnings: ranks that compiled or received different sets of FX graphs
+(a rank that compiles a graph its peers never need usually took another path through the
+model, the usual cause of a collective that hangs), and waits on a rank that never
+compiled or published the graph.
 """
 
 from __future__ import annotations
@@ -28,12 +31,15 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from coordinator.stats import Stats
+
 log = logging.getLogger(__name__)
 
 _RANK_FILE = re.compile(r"rank(\d+)-\d+\.json$")
 #: What each span means in the picture, drawn in this order (later on top), and its colour.
 _DRAWN = {"receive": ("loading", "tab:green"), "compile": ("compiling", "tab:blue"),
-          "early backward": ("early backward", "tab:purple"), "wait": ("waiting", "tab:orange")}
+          "share": ("its share of a split frame", "tab:cyan"), "early backward": ("early backward", "tab:purple"),
+          "wait": ("waiting", "tab:orange")}
 
 
 @dataclasses.dataclass
@@ -50,6 +56,7 @@ class RankRow:
     bytes_received: int = 0
     bytes_published: int = 0
     rejected: int = 0
+    shares: int = 0
     first_step_s: float | None = None  # seconds from the job's first event to this rank's step 1
 
 
@@ -61,15 +68,35 @@ class Report:
     notes: list[str] = dataclasses.field(default_factory=list)
 
     def table(self) -> str:
-        head = ("rank", "compiled", "received", "local", "waits", "waited_s", "saved_s", "MB_in", "MB_out",
-                "rejected", "step1_s")
-        lines = ["  ".join(f"{h:>8}" for h in head)]
+        lines = ["  ".join(f"{h:>8}" for h in LEGEND)]
         for r in self.rows:
             cells = (r.rank, r.compiled, r.received, r.local_hits, r.waits, f"{r.waited_s:.1f}", f"{r.saved_s:.1f}",
-                     f"{r.bytes_received / 1e6:.2f}", f"{r.bytes_published / 1e6:.2f}", r.rejected,
+                     f"{r.bytes_received / 1e6:.2f}", f"{r.bytes_published / 1e6:.2f}", r.rejected, r.shares,
                      "-" if r.first_step_s is None else f"{r.first_step_s:.1f}")
             lines.append("  ".join(f"{c:>8}" for c in cells))
         return "\n".join(lines)
+
+    @staticmethod
+    def legend() -> str:
+        """What each column of :meth:`table` counts (the rank's summary line says the same)."""
+        return "\n".join(f"  {column:<10}{meaning}" for column, meaning in LEGEND.items())
+
+
+#: The table's columns and what each counts.
+LEGEND = {
+    "rank": "the rank",
+    "compiled": "FX graphs this rank compiled",
+    "received": "FX graphs it loaded from the store or from this node's copy, compiled by another rank",
+    "local": "FX graphs it found in its own Inductor cache dir (a warm rank, or local ranks sharing the dir)",
+    "waits": "waits on another process's work: a compile (on the store), or a local rank's fetch (node lock)",
+    "waited_s": "seconds in those waits (work done meanwhile, such as early backward compiles, not counted)",
+    "saved_s": "compile seconds the received entries cost the ranks that compiled them",
+    "MB_in": "MB fetched from the store (reads of this node's copy not counted)",
+    "MB_out": "MB this rank published to the store",
+    "rejected": "values that failed verification (checksum, signature, key)",
+    "shares": "split graphs it compiled for the job: its share of the frames DDPOptimizer split",
+    "step1_s": "seconds from the job's first coordinator event to the end of this rank's first optimizer step",
+}
 
 
 def read_events(path: Path) -> list[dict]:
@@ -109,8 +136,9 @@ def job_start(traces: dict[int, list[dict]]) -> float:
 
 
 def graphs_needed(events: list[dict]) -> dict[str, str]:
-    """The FX graphs a rank compiled, received or found in its local cache: key -> how."""
-    how = {"compile": "compiled", "receive": "received", "local hit": "found in its local cache"}
+    """The FX graphs a rank compiled, received (from the store or its node's copy) or found
+    in its local cache (which local ranks may share): key -> how."""
+    how = {"compile": "compiled it", "receive": "received it", "local hit": "found it in its local cache"}
     needed: dict[str, str] = {}
     for e in events:
         key = e.get("args", {}).get("key", "")
@@ -120,31 +148,22 @@ def graphs_needed(events: list[dict]) -> dict[str, str]:
 
 
 def rows(traces: dict[int, list[dict]]) -> list[RankRow]:
+    """Each rank's row: its events counted as its own session counted them (``Stats.count``)."""
     start = job_start(traces)
     table = []
     for rank, events in traces.items():
-        row = RankRow(rank)
+        stats = Stats(rank)
+        first_step_s = None
         for e in events:
-            args = e.get("args", {})
-            fx = args.get("key", "").startswith("fx_graph/")
-            if e["name"] == "compile" and fx:
-                row.compiled += 1
-            elif e["name"] == "receive":
-                row.received += int(fx)
-                row.saved_s += args.get("saved_s", 0.0)
-                row.bytes_received += args.get("bytes", 0) if args.get("from") == "store" else 0
-            elif e["name"] == "local hit":
-                row.local_hits += 1
-            elif e["name"] == "wait":
-                row.waits += 1
-                row.waited_s += e.get("dur", 0.0) / 1e6
-            elif e["name"] == "publish" and args.get("ok"):
-                row.bytes_published += args.get("bytes", 0)
-            elif e["name"] == "rejected":
-                row.rejected += 1
-            elif e["name"] == "step" and args.get("n") == 1:
-                row.first_step_s = (e["ts"] - start) / 1e6
-        table.append(row)
+            stats.count(e)
+            if e["name"] == "step" and e.get("args", {}).get("n") == 1:
+                first_step_s = (e["ts"] - start) / 1e6
+        d = stats.as_dict()
+        table.append(RankRow(rank, compiled=d["graphs_compiled"], received=d["graphs_received"],
+                             local_hits=d["graphs_found_in_local_cache"], waits=d["waits"], waited_s=d["waited_s"],
+                             saved_s=d["compile_time_saved_s"], bytes_received=d["bytes_received"],
+                             bytes_published=d["bytes_published"], rejected=d["rejected"],
+                             shares=d["split_graphs_compiled_for_the_job"], first_step_s=first_step_s))
     return table
 
 
@@ -163,7 +182,7 @@ def divergence(traces: dict[int, list[dict]], limit: int = 10) -> list[str]:
         if len(having) == len(needed):
             continue
         lacking = [rank for rank in needed if key not in needed[rank]]
-        how = "; ".join(f"rank {rank} {needed[rank][key]} it" for rank in having)
+        how = "; ".join(f"rank {rank} {needed[rank][key]}" for rank in having)
         warnings.append(f"graph {key} was needed by {_ranks(having)} only ({how}); {_ranks(lacking)} never "
                         "needed it: ranks that compile different graphs can hang in a collective")
     if len(warnings) > limit:
@@ -173,12 +192,12 @@ def divergence(traces: dict[int, list[dict]], limit: int = 10) -> list[str]:
 
 def unmatched_waits(traces: dict[int, list[dict]]) -> list[str]:
     """A warning per wait on a rank that has no compile or publish of that key."""
-    made = {rank: {e["args"]["key"] for e in events if e["name"] in ("compile", "publish")}
+    made = {rank: {e["args"]["key"] for e in events if e["name"] in ("compile", "publish", "share")}
             for rank, events in traces.items()}
     warnings = []
     for rank, events in traces.items():
         for e in events:
-            if e["name"] != "wait":
+            if e["name"] != "wait" or e["args"].get("via") == "node lock":  # on a process of its node
                 continue
             key, owner = e["args"]["key"], e["args"].get("owner")
             if owner not in made or key not in made[owner]:

@@ -9,24 +9,27 @@ on the rank (``coordinator.rank_dependence``), local hits shared with cold ranks
 and the rules of each cache kind (``_compat.CACHE_KINDS``). It opens its store lazily, at
 the first cache access: the training script usually enters ``compile_once`` before or
 right after ``init_process_group``, and the default store exists only after it. A value
-that fails verification is a miss.
+that fails verification is never unpickled: it counts as missing, one rank compiles it
+again and the others wait for that (``Singleflight.lookup``'s ``rejected``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
 import re
 import threading
 import time
+from typing import Any
 
 from coordinator import _compat
 from coordinator.artifacts import ShippedKernels
 from coordinator.config import Config
 from coordinator.early_backward import EarlyBackwards
 from coordinator.errors import ConfigError, IntegrityError, StoreError
-from coordinator.fingerprint import fingerprint, warn_if_device_indices_differ
+from coordinator.fingerprint import key_prefix, warn_if_device_indices_differ
 from coordinator.integrity import open_sealed, seal
 from coordinator.node import NodeCache
 from coordinator.rank_dependence import RankDependence
@@ -84,14 +87,16 @@ class Session:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.stats = Stats(_current_rank())
-        self.events = open_events(config.trace_dir, lambda: self.stats.rank)
+        self.stats.store = _store_name(config.store)
+        self.events = open_events(config.trace_dir, lambda: self.stats.rank, self.stats.count)
         self._flight: Singleflight | None = None
         self._open_lock = threading.Lock()
         self._told_no_store = False
         self._unusable = False
         self._prefix = ""
         self._node: NodeCache | None = None
-        #: FX keys this rank asked the store for; the others it found in its local cache.
+        #: FX keys this rank asked the store for and then received or compiled; the others it
+        #: found in its local cache.
         self._asked_fx: set[str] = set()
         self.kernels = ShippedKernels(_compat.inductor_cache_dir, _compat.triton_cache_dir, _cuda)
         self.ranks = RankDependence()
@@ -117,19 +122,22 @@ class Session:
         try:
             store = TimedStore(open_store(self.config.store, chunk_bytes=self.config.chunk_bytes),
                                self.stats.record_store_call)
-        except ConfigError as exc:  # cannot change while this process runs: stop trying
+        except (ConfigError, StoreError) as exc:
+            if isinstance(exc, StoreError) and self.config.store is None:
+                # The job's store comes with init_process_group: until then, local compiles.
+                if not self._told_no_store:
+                    log.info("compile_once: no store yet (%s); compiling locally until there is one", exc)
+                    self._told_no_store = True
+                return None
+            # A store that cannot be opened will not open later: stop trying.
             log.warning("compile_once: cannot open the store (%s); compiling locally", exc)
+            self.events.instant("store lost", error=str(exc))
             self._unusable = True
-            return None
-        except StoreError as exc:
-            if not self._told_no_store:
-                log.info("compile_once: no store yet (%s); compiling locally until there is one", exc)
-                self._told_no_store = True
             return None
         rank = _current_rank()
         self.stats.rank, self.stats.store = rank, store.name
-        self._node = NodeCache(_compat.inductor_cache_dir())
-        self._prefix = f"{fingerprint()}/{self.config.namespace or '_'}"
+        self._node = NodeCache(_compat.inductor_cache_dir(), self.events)
+        self._prefix = key_prefix(self.config.secret, self.config.namespace)
         warn_if_device_indices_differ(store, self._prefix, rank)
         return Singleflight(store, owner=Owner.this_process(rank), lease=self.config.lease,
                             wait_timeout=self.config.wait_timeout, progress_interval=self.config.progress_interval,
@@ -144,17 +152,27 @@ class Session:
         """Whether this rank asked the store for FX graph ``inductor_key``."""
         return inductor_key in self._asked_fx
 
-    def _lookup(self, flight: Singleflight, kind: str, key: str) -> LookupResult:
+    def _lookup(self, flight: Singleflight, kind: str, key: str, rejected: bytes | None = None) -> LookupResult:
         """Look ``key`` up once per node (``NodeCache.lookup``), blocking as its kind allows.
         A rank that holds a claim, or runs an early compile, does not wait; a rank waiting
-        for a graph first compiles the backward graphs it knows."""
+        for a graph first compiles the backward graphs it knows. With ``rejected`` (a value
+        of ``key`` that failed verification) the store is asked again, that value counting
+        as missing: one rank claims the key and compiles it, the others wait for it."""
         step_claims, early_claims = self.tuning.claims(), self.early.claims()
         waits = _compat.CACHE_KINDS[kind].waits
         blocking = waits == "always" or (waits == "tuning_step" and step_claims is not None)
+        if kind == "fx_graph" and _compat.in_aot_entry_load():
+            blocking = False  # a miss compiles nothing here: no claim (docs/design.md, rule 1)
         may_wait = not flight.holds_claims() and early_claims is None
         work_first = self.early.help_once if kind == "fx_graph" and self.config.early_backward else None
-        result = self._node.lookup(flight, key, blocking=blocking, work_first=work_first,
-                                   wait_s=self.config.wait_timeout.total_seconds() if may_wait else None)
+        if rejected is not None:
+            self._node.forget(key, rejected)
+            result = flight.lookup(key, blocking=blocking, rejected=rejected)
+            if result.value is not None:
+                self._node.write(key, result.value)
+        else:
+            result = self._node.lookup(flight, key, blocking=blocking, work_first=work_first,
+                                       wait_s=self.config.wait_timeout.total_seconds() if may_wait else None)
         if result.outcome != "node" and result.value is not None:
             self.stats.record_store_fetch()
         if result.outcome == "claimed":
@@ -184,14 +202,16 @@ class Session:
         if not _compat.capture_backward(backward) and self.config.early_backward:
             self.early.add(backward)
 
-    def _missed(self, kind: str, key: str, inductor_key: str, rejected: bool = False) -> None:
+    def _missed(self, kind: str, key: str, inductor_key: str) -> None:
+        self.stats.record_miss(kind)
+        if kind == "fx_graph" and _compat.in_aot_entry_load():
+            return  # AOTAutograd compiles the graph afresh, and looks it up again then
         # When this rank compiles a graph it did not claim (the store failed, or it held
         # another claim), kernels written since the miss travel with the entry.
         if _compat.ships_kernels(kind):
             self.kernels.missed(key)
         if kind == "fx_graph":
             self.ranks.compiling(key, inductor_key)
-        self.stats.record_miss(kind, rejected=rejected)
         self.events.compile_began(key)
 
     # -- the two calls Inductor makes ----------------------------------------------------
@@ -199,13 +219,41 @@ class Session:
     def get(self, kind: str, inductor_key: str) -> bytes | None:
         """Return the payload for ``inductor_key`` or ``None`` (Inductor then compiles)."""
         flight = self.flight()
-        if flight is None:
-            return None
-        if kind == "fx_graph":
-            self._asked_fx.add(inductor_key)
         key = self.store_key(kind, inductor_key)
+        if flight is None:  # no store: Inductor compiles, and this rank's counts say so
+            self.stats.record_miss(kind)
+            if not (kind == "fx_graph" and _compat.in_aot_entry_load()):
+                self.events.compile_began(key)
+            return None
         began = time.time()
-        result = self._lookup(flight, kind, key)
+        result = self._lookup_once(flight, kind, key)
+        sealed = self._verified(kind, key, result.value) if result.value is not None else None
+        if result.value is not None and sealed is None:
+            # Refused: one rank compiles it again, the others wait for that; a value that
+            # fails again is compiled here, with no more waiting.
+            rejected = result.value
+            result = self._lookup_once(flight, kind, key, rejected)
+            sealed = self._verified(kind, key, result.value) if result.value is not None else None
+            if result.value is not None and sealed is None:
+                result = dataclasses.replace(result, value=None, outcome="rejected")
+        if kind == "fx_graph":
+            # Not before: an early compile stopped by its lookup (SkipCompile) has not asked
+            # for the graph, and the rank may later find it in the local cache (a local rank
+            # compiled it), which must then count as a local hit.
+            self._asked_fx.add(inductor_key)
+        if sealed is None:
+            log.debug("compile_once: %s miss %s (%s)", kind, key, result.outcome)
+            self._missed(kind, key, inductor_key)
+            return None
+        if sealed.meta.get("rank_dependent"):
+            self.ranks.received_mark(key, sealed.meta)
+            self._missed(kind, key, inductor_key)
+            return None
+        self._received(kind, key, sealed, len(result.value), from_node=result.outcome == "node", began=began)
+        return sealed.payload
+
+    def _lookup_once(self, flight: Singleflight, kind: str, key: str, rejected: bytes | None = None) -> LookupResult:
+        result = self._lookup(flight, kind, key, rejected)
         if kind == "fx_graph" and self.early.claims() is not None and result.outcome != "claimed":
             # An early compile goes on only for a graph it claimed; one that a rank has,
             # or is compiling, is loaded when the backward pass needs it.
@@ -214,26 +262,18 @@ class Session:
             # A share waits on nothing: a graph another rank is compiling leaves this
             # submodule to the chain.
             raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
-        if kind == "aot_autograd" and result.value is None:
+        if kind == "aot_autograd" and result.value is None and rejected is None:
             result = self._follow_share(flight, kind, key, result)
-        self.stats.record_lookup(result)
-        if result.value is None:
-            log.debug("compile_once: %s miss %s (%s)", kind, key, result.outcome)
-            self._missed(kind, key, inductor_key)
-            return None
+        return result
+
+    def _verified(self, kind: str, key: str, value: bytes):
+        """``value`` opened and verified, or ``None`` (logged) if it fails any check."""
         try:
-            sealed = open_sealed(key, result.value, secret=self.config.secret)
+            return open_sealed(key, value, secret=self.config.secret)
         except IntegrityError as exc:
-            log.warning("compile_once: rejected %s entry %s from the store: %s; compiling locally", kind, key, exc)
+            log.warning("compile_once: rejected %s entry %s from the store: %s", kind, key, exc)
             self.events.instant("rejected", key=short_key(key), why=str(exc))
-            self._missed(kind, key, inductor_key, rejected=True)
             return None
-        if sealed.meta.get("rank_dependent"):
-            self.ranks.received_mark(key, sealed.meta)
-            self._missed(kind, key, inductor_key)
-            return None
-        self._received(kind, key, sealed, len(result.value), from_node=result.outcome == "node", began=began)
-        return sealed.payload
 
     def _received(self, kind: str, key: str, sealed, nbytes: int, *, from_node: bool, began: float) -> None:
         """Write a hit's kernels, extend NCCL timeouts by the compile time it saves, count it."""
@@ -249,7 +289,6 @@ class Session:
             extension = float(int(saved_s)) if _compat.has_nccl_process_group() else 0.0
         else:
             extension = _compat.extend_nccl_timeouts(saved_s)
-        self.stats.record_hit(kind, nbytes, saved_s, extension, written, from_node=from_node)
         self.events.span("receive", began, key=short_key(key), bytes=nbytes, saved_s=round(saved_s, 3),
                          kernels=written, **{"from": "node" if from_node else "store"})
         if extension:
@@ -257,11 +296,11 @@ class Session:
 
     def put(self, kind: str, inductor_key: str, data: bytes) -> None:
         """Publish Inductor's freshly computed entry to the other ranks."""
-        flight = self.flight()
-        if flight is None:
-            return
+        flight = self.flight()  # first: opening the store names the keys' prefix
         key = self.store_key(kind, inductor_key)
         self.events.compile_ended(key)
+        if flight is None:
+            return
         if kind == "autotune" and _compat.defer_autotune_save(
             lambda files: self.publish(flight, kind, key, data, files)
         ):
@@ -283,8 +322,13 @@ class Session:
         self.publish(flight, kind, key, data, files)
 
     def publish(self, flight: Singleflight, kind: str, key: str, data: bytes, files: dict[str, bytes],
-                extra_meta: dict | None = None) -> None:
-        """Seal ``data`` (and ``files``) under ``key``, keep it on this node, publish it."""
+                extra_meta: dict | None = None, *, local_copy: bool = False) -> bool:
+        """Seal ``data`` (and ``files``) under ``key``, keep it on this node, publish it.
+        ``local_copy``: the value is this rank's local cache entry of a graph (``local_hits``).
+
+        Returns:
+            Whether it was published.
+        """
         match = _TIME_TAKEN.search(data[-256:])
         meta = {"time_taken_ms": int(match.group(1)) if match else 0, "rank": flight.owner.rank,
                 "host": flight.owner.host, **(extra_meta or {})}
@@ -295,14 +339,16 @@ class Session:
         except OSError as exc:
             log.debug("could not keep %s on this node: %s", key, exc)
         published = flight.publish(key, blob)
-        self.events.instant("publish", key=short_key(key), bytes=len(blob), ok=published)
-        if published:
-            self.stats.record_publish(kind, len(blob))
+        if local_copy:
+            self.events.instant("publish", key=short_key(key), bytes=len(blob), ok=published, local_copy=True)
         else:
-            self.stats.store_failed = True
+            self.events.instant("publish", key=short_key(key), bytes=len(blob), ok=published)
+        return published
 
     def compile_ended(self) -> None:
-        """An outermost compile finished: release the claims it did not publish."""
+        """An outermost compile finished: release the claims it did not publish, and end
+        the spans of the FX graphs it compiled without an entry."""
+        self.events.compiles_ended("fx_graph")
         if self._flight is not None:
             released = self._flight.abandon_all()
             if released:
@@ -311,4 +357,12 @@ class Session:
     def close(self) -> None:
         if self._flight is not None:
             self._flight.close()
+        self.events.compiles_ended()
         self.events.close()
+
+
+def _store_name(store: Any) -> str:
+    """The configured store's kind as the summary names it, before it is opened."""
+    if isinstance(store, str):
+        return store.split("://", 1)[0]
+    return getattr(store, "name", None) or "c10d"

@@ -39,6 +39,13 @@ Waiters log a progress line every ``progress_interval``. Liveness is judged by e
 waiter's own monotonic clock watching the heartbeat change, so no clock
 synchronization between hosts is needed.
 
+A value that fails its reader's verification (``coordinator.integrity``) is treated as
+missing: :meth:`Singleflight.lookup` with ``rejected=`` that value claims the key again,
+under a claim named after the key and the rejected value's digest
+(``c/<key>/redo-<digest>/<gen>``, with its own heartbeats and signals), so that every rank
+that read the same bad value meets at one claim: one compiles the value again and its
+publish replaces the bad one, the others wait for it as for any claim.
+
 A rank that already holds a key's value (a hit in its own local cache) calls
 :meth:`Singleflight.offer` instead: if the store lacks the value and nobody is
 computing it, it claims the key and publishes its copy; if another rank is computing
@@ -68,6 +75,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 import random
@@ -128,6 +136,7 @@ class Owner:
 class _Claim:
     gen: int
     since: float  # wall clock, for finding the files a compile produced
+    at: str  # the claim's name: c/<at>/<gen>, h/<at>/<gen>, ... (the key, or its redo name)
     beats: int = 0
     ended: bool = False  # published or abandoned: no more beats
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -212,26 +221,33 @@ class Singleflight:
 
     # -- the protocol --------------------------------------------------------------------
 
-    def lookup(self, key: str, *, blocking: bool,
-               before_waiting: Callable[[], bool] | None = None) -> LookupResult:
+    def lookup(self, key: str, *, blocking: bool, before_waiting: Callable[[], bool] | None = None,
+               rejected: bytes | None = None) -> LookupResult:
         """Find ``key``'s value; see the module docstring for what happens on a miss.
         Before a wait, ``before_waiting`` (if given) is called until it returns False
-        or the value is published."""
+        or the value is published. ``rejected``: a value of ``key`` the caller refused,
+        which counts as missing (one rank claims the key again, the others wait)."""
         if not self.available:
             return LookupResult(None, "unavailable")
         try:
-            return self._lookup(key, blocking, before_waiting)
+            return self._lookup(key, blocking, before_waiting, rejected)
         except StoreError as exc:
             self._fail(exc)
             return LookupResult(None, "unavailable")
 
-    def _lookup(self, key: str, blocking: bool, before_waiting: Callable[[], bool] | None = None) -> LookupResult:
-        value = self.store.get(f"v/{key}")
+    def _lookup(self, key: str, blocking: bool, before_waiting: Callable[[], bool] | None = None,
+                rejected: bytes | None = None) -> LookupResult:
+        value = self._published(f"v/{key}", rejected)
         if value is not None:
             return LookupResult(value, "hit")
         if not blocking:
             return LookupResult(None, "nonblocking")
-        return self._claim_or_wait(key, f"v/{key}", before_waiting)
+        return self._claim_or_wait(key, f"v/{key}", before_waiting, rejected)
+
+    def _published(self, published: str, rejected: bytes | None) -> bytes | None:
+        """Store key ``published``'s value, unless it is the ``rejected`` one."""
+        value = self.store.get(published)
+        return None if value is None or value == rejected else value
 
     def follow(self, key: str, *, grace_s: float = 0.0) -> LookupResult:
         """Wait for ``key``'s value while another process holds a claim on it, never
@@ -294,60 +310,64 @@ class Singleflight:
             return LookupResult(None, "unavailable")
         return LookupResult(None, result.outcome, result.waited_s)
 
-    def _claim_or_wait(self, key: str, published: str,
-                       before_waiting: Callable[[], bool] | None = None) -> LookupResult:
+    def _claim_or_wait(self, key: str, published: str, before_waiting: Callable[[], bool] | None = None,
+                       rejected: bytes | None = None) -> LookupResult:
         """Claim ``key``, or wait while another process holds it until store key
         ``published`` appears (returning its value), the claim is abandoned or expires
-        (then try to claim the next generation), or the deadline passes."""
+        (then try to claim the next generation), or the deadline passes. With
+        ``rejected``, that value of ``published`` counts as absent, and the claim is the
+        key's redo claim for it."""
         # A rank holding a claim may try to claim more, but must not wait (no cycles).
         may_wait = not self.holds_claims() and not getattr(self._thread, "no_waits", False)
+        at = key if rejected is None else f"{key}/redo-{hashlib.sha256(rejected).hexdigest()[:16]}"
         started = time.monotonic()
         gen = 0
         while True:
-            if self._try_claim(key, gen):
+            if self._try_claim(key, gen, at):
                 # Re-check: the value may have been published (and its claim deleted)
                 # between our first read and the claim.
-                value = self.store.get(published)
+                value = self._published(published, rejected)
                 if value is not None:
                     self._drop_claim(key)
                     return LookupResult(value, "hit")
                 return LookupResult(None, "claimed", time.monotonic() - started)
             if not may_wait:
                 return LookupResult(None, "nonblocking")
-            gen = self._latest_gen(key, gen)
+            gen = self._latest_gen(at, gen)
             if before_waiting is not None:
-                value = self._work_first(before_waiting, published)
+                value = self._work_first(before_waiting, published, rejected)
                 before_waiting = None
                 if value is not None:
                     return LookupResult(value, "waited", time.monotonic() - started)
                 continue  # the claim may have ended meanwhile: try it again
             wait_began = time.time()
-            outcome, value, owner_rank = self._wait(key, gen, started, published)
+            outcome, value, owner_rank = self._wait(at, gen, started, published, rejected)
             self.events.span("wait", wait_began, key=short_key(key), owner=owner_rank, ended=WAIT_ENDINGS[outcome])
             if outcome == "expired":
                 gen += 1
                 continue
             return LookupResult(value, outcome, time.monotonic() - started)
 
-    def _work_first(self, work: Callable[[], bool], published: str) -> bytes | None:
+    def _work_first(self, work: Callable[[], bool], published: str, rejected: bytes | None) -> bytes | None:
         """Run ``work`` until it has nothing left or store key ``published`` appears."""
         while work():
-            value = self.store.get(published)
+            value = self._published(published, rejected)
             if value is not None:
                 return value
         return None
 
-    def _try_claim(self, key: str, gen: int) -> bool:
+    def _try_claim(self, key: str, gen: int, at: str) -> bool:
+        """Create claim ``c/<at>/<gen>`` for ``key``."""
         record = msgpack.packb([self.owner.rank, self.owner.host, self.owner.pid, time.time()])
-        if not self.store.add_if_absent(f"c/{key}/{gen}", record, ttl=_CLAIM_TTL):
+        if not self.store.add_if_absent(f"c/{at}/{gen}", record, ttl=_CLAIM_TTL):
             return False
         with self._lock:
-            self._claims[key] = _Claim(gen, time.time())
-        self.store.set(f"h/{key}/{gen}", msgpack.packb([0, time.time()]))
+            self._claims[key] = _Claim(gen, time.time(), at)
+        self.store.set(f"h/{at}/{gen}", msgpack.packb([0, time.time()]))
         self._heartbeat.ensure_running()
         if gen > 0:
-            self._signal_moved(key, gen - 1)
-        log.debug("claimed %s (generation %d)", key, gen)
+            self._signal_moved(at, gen - 1)
+        log.debug("claimed %s (generation %d)", at, gen)
         return True
 
     def _signal_moved(self, key: str, gen: int) -> None:
@@ -383,18 +403,21 @@ class Singleflight:
             next_progress = now + self.progress_interval
         return None, next_progress
 
-    def _wait(self, key: str, gen: int, started: float, published: str) -> tuple[str, bytes | None, int | None]:
+    def _wait(self, at: str, gen: int, started: float, published: str,
+              rejected: bytes | None = None) -> tuple[str, bytes | None, int | None]:
         """Wait for the claimant's signals: ``w/<key>/<gen>/<n>`` is written at its n-th
         heartbeat ("beat") and once when the claim ends (the value itself, "published" or
         "abandoned"). On a store that can block (and with ``signalled_waits``), an idle
         waiter makes about one store call per heartbeat (lease/4), and the end signal is
         the last call of a wait; elsewhere it polls the next signal's slot. Returns the
-        outcome, the value (if it came with the end signal) and the claimant's rank."""
-        owner = Owner.of_claim(self.store.get(f"c/{key}/{gen}"))
-        ended, value = self._wait_on(key, gen, started, published, str(owner or "unknown owner"))
+        outcome, the value (if it came with the end signal) and the claimant's rank.
+        ``at`` names the claim (the key, or its redo name)."""
+        owner = Owner.of_claim(self.store.get(f"c/{at}/{gen}"))
+        ended, value = self._wait_on(at, gen, started, published, str(owner or "unknown owner"), rejected)
         return ended, value, owner.rank if owner is not None else None
 
-    def _wait_on(self, key: str, gen: int, started: float, published: str, owner: str) -> tuple[str, bytes | None]:
+    def _wait_on(self, key: str, gen: int, started: float, published: str, owner: str,
+                 rejected: bytes | None) -> tuple[str, bytes | None]:
         raw_beat = self.store.get(f"h/{key}/{gen}")
         beats = msgpack.unpackb(raw_beat)[0] if raw_beat is not None else 0
         last_change = time.monotonic()
@@ -409,7 +432,7 @@ class Singleflight:
         with watching as watch:
             while True:
                 if check:
-                    value = self.store.get(published)
+                    value = self._published(published, rejected)
                     if value is not None:
                         return "waited", value
                     if self.store.get(f"a/{key}/{gen}") is not None:
@@ -448,13 +471,13 @@ class Singleflight:
         log.info("%s gave up on %s without publishing; compiling locally", owner, key)
         return "abandoned", None
 
-    def _signal_end(self, key: str, claim: _Claim, signal: bytes) -> None:
+    def _signal_end(self, claim: _Claim, signal: bytes) -> None:
         """Wake this claim's waiters with how it ended (the value, "published" or
         "abandoned"); no heartbeat follows."""
         with claim.lock:
             claim.ended = True
             slot = claim.beats + 1
-        self.store.signal(f"w/{key}/{claim.gen}/{slot}", signal)
+        self.store.signal(f"w/{claim.at}/{claim.gen}/{slot}", signal)
 
     def publish(self, key: str, value: bytes) -> bool:
         """Store ``key``'s value and release this process's claim on it.
@@ -473,7 +496,7 @@ class Singleflight:
             with self._lock:
                 claim = self._claims.pop(key, None)
             if claim is not None:
-                self._signal_end(key, claim, VALUE + value if len(value) <= INLINE_VALUE_BYTES else PUBLISHED)
+                self._signal_end(claim, VALUE + value if len(value) <= INLINE_VALUE_BYTES else PUBLISHED)
             self.store.set(f"d/{key}", b"1")
         except StoreError as exc:
             self._fail(exc)
@@ -489,9 +512,9 @@ class Singleflight:
         if claim is None or not self.available:
             return
         try:
-            self.store.set(f"a/{key}/{claim.gen}", msgpack.packb(time.time()))
-            self._signal_end(key, claim, ABANDONED)
-            log.debug("abandoned claim on %s (generation %d)", key, claim.gen)
+            self.store.set(f"a/{claim.at}/{claim.gen}", msgpack.packb(time.time()))
+            self._signal_end(claim, ABANDONED)
+            log.debug("abandoned claim on %s (generation %d)", claim.at, claim.gen)
         except StoreError as exc:
             self._fail(exc)
 
@@ -514,15 +537,15 @@ class Singleflight:
         if claim is None:
             return
         try:
-            self._signal_end(key, claim, PUBLISHED)
+            self._signal_end(claim, PUBLISHED)
         except StoreError as exc:
             log.debug("could not signal the end of claim on %s: %s", key, exc)
         self._delete_claim(key, claim)
 
     def _delete_claim(self, key: str, claim: _Claim) -> None:
         try:
-            self.store.delete(f"c/{key}/{claim.gen}")
-            self.store.delete(f"h/{key}/{claim.gen}")
+            self.store.delete(f"c/{claim.at}/{claim.gen}")
+            self.store.delete(f"h/{claim.at}/{claim.gen}")
         except StoreError as exc:
             log.debug("could not delete claim on %s: %s", key, exc)
 
@@ -560,8 +583,8 @@ class _Heartbeat:
                         if claim.ended:
                             continue
                         claim.beats += 1
-                        flight.store.set(f"h/{key}/{claim.gen}", msgpack.packb([claim.beats, time.time()]))
-                        flight.store.signal(f"w/{key}/{claim.gen}/{claim.beats}", BEAT)
+                        flight.store.set(f"h/{claim.at}/{claim.gen}", msgpack.packb([claim.beats, time.time()]))
+                        flight.store.signal(f"w/{claim.at}/{claim.gen}/{claim.beats}", BEAT)
                 except StoreError as exc:
                     log.debug("heartbeat for %s failed: %s", key, exc)
 

@@ -19,8 +19,8 @@ prolog|epilog``, which:
   tasks find it with no setting);
 * Epilog: publishes the bundles the job left in the node's outbox
   (``<cache dir>/coordinator-outbox``, a ``file://`` store the job's rank 0 saves to
-  with ``COORDINATOR_SAVE_BUNDLE``) to the push store, verified first; then removes the
-  cache dir when ``COORDINATOR_SLURM_CLEAN=1``.
+  with ``COORDINATOR_SAVE_BUNDLE=outbox``) to the push store, verified first; then
+  removes the cache dir when ``COORDINATOR_SLURM_CLEAN=1``.
 
 Neither ever fails the job: a failing Prolog drains the node and requeues the job,
 so every error (an unreachable store, a refused bundle, a timeout) is logged and the
@@ -39,6 +39,7 @@ import sys
 import time
 
 from coordinator import _compat
+from coordinator.bundle import OUTBOX
 from coordinator.config import Config, parse_flag
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,6 @@ FILE_KEYS = set(COMMENT_KEYS.values()) - {"COORDINATOR_JOB_CONFIG"} | {
     "COORDINATOR_SLURM_CLEAN",
     "COORDINATOR_SLURM_TIMEOUT",
 }
-OUTBOX = "coordinator-outbox"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,21 +1,37 @@
 """Per-rank counters of what the coordinator did, and the one-line summary.
 
-``compile_once`` logs :meth:`Stats.summary` on exit and ``coordinator.stats()``
-returns :meth:`Stats.as_dict`. "Compiled locally" counts FX-graph misses (each one
-is a graph this rank compiled); "received" counts FX graphs loaded from another rank;
-"shared" counts graphs this rank found in its own local cache and published. Bytes
-"received" are those fetched from the store; values read again from this node's copy
-(a graph that repeats, as a transformer's layers do, or one a local rank fetched) are
-counted apart, as ``bytes_from_node``.
+``compile_once`` logs :meth:`Stats.summary` on exit (the details at DEBUG) and
+``coordinator.stats()`` returns :meth:`Stats.as_dict`.
+
+The counters that ``coordinator report`` shows too are counted from the rank's events
+(``coordinator.trace``), by :meth:`Stats.count`, the one function both use: the session
+counts each event as it emits it, the report counts the events the rank's trace file
+holds. So the summary and the report agree, and say:
+
+* compiled: FX graphs this rank compiled (a compile span: from its miss to Inductor's
+  entry, or to the end of the compile when Inductor saved none);
+* received: FX graphs loaded from the store or from this node's copy;
+* local: FX graphs found in this rank's own Inductor cache dir (a warm rank, or a node
+  whose local ranks share the dir), of which "shared" were published from there;
+* waits, waited: waits on another process's work (a compile on the store, a local rank's
+  fetch on the node's lock), and their seconds; not the work a rank does meanwhile;
+* saved: the compile time the received entries cost the ranks that compiled them;
+* MB in: bytes fetched from the store (values read again from this node's copy, a graph
+  that repeats or one a local rank fetched, are counted apart as ``bytes_from_node``);
+  MB out: bytes published;
+* rejected: values that failed verification.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -34,12 +50,19 @@ class SplitGraphCounts:
 
 @dataclasses.dataclass
 class KindCounts:
-    """One cache kind's lookups and publishes."""
+    """One cache kind's lookups and publishes: ``misses`` counts lookups that found no
+    usable value, ``compiled`` the values this rank computed (an FX graph looked up while
+    AOTAutograd loads an entry is a miss, compiled at a later lookup)."""
 
     hits: int = 0
     misses: int = 0
+    compiled: int = 0
     published: int = 0
     rejected: int = 0
+
+
+def _kind(key: str) -> str:
+    return key.split("/", 1)[0]
 
 
 class Stats:
@@ -49,6 +72,11 @@ class Stats:
         self.rank = rank
         self._lock = threading.Lock()
         self.kinds: dict[str, KindCounts] = defaultdict(KindCounts)
+        self.local_hits = 0
+        #: Split graphs this rank compiled for the job (``coordinator.split_shares``).
+        self.shares_compiled = 0
+        self.shared_from_local = 0
+        self.waits = 0
         self.waited_s = 0.0
         self.bytes_received = 0
         self.bytes_from_node = 0
@@ -60,7 +88,6 @@ class Stats:
         self.store_fetches = 0
         self.store_calls = 0
         self.store_s = 0.0
-        self.shared_from_local = 0
         self.rank_dependent = 0
         self.store = "none"
         #: Early backward compiles' counters (``coordinator.early_backward``).
@@ -73,31 +100,43 @@ class Stats:
         #: Returns how many graphs skipped AOTAutograd (its cache hits) since the session began.
         self.aot_autograd_hits: Callable[[], int] = lambda: 0
 
-    def record_hit(self, kind: str, nbytes: int, saved_s: float, extension_s: float, kernels: int,
-                   *, from_node: bool = False) -> None:
+    def count(self, event: dict) -> None:
+        """Count one coordinator event (a ``coordinator.trace`` event: ``name``, ``args``,
+        ``dur`` in microseconds for a span); events that count nothing are ignored."""
+        name, args = event.get("name"), event.get("args", {})
+        kind = _kind(args.get("key", ""))
         with self._lock:
-            self.kinds[kind].hits += 1
-            if from_node:
-                self.bytes_from_node += nbytes
-            else:
-                self.bytes_received += nbytes
-            self.compile_time_saved_s += saved_s
-            self.timeout_extension_s += extension_s
-            self.kernels_received += kernels
+            if name == "compile":
+                self.kinds[kind].compiled += 1
+            elif name == "receive":
+                self.kinds[kind].hits += 1
+                if args.get("from") == "node":
+                    self.bytes_from_node += args.get("bytes", 0)
+                else:
+                    self.bytes_received += args.get("bytes", 0)
+                self.compile_time_saved_s += args.get("saved_s", 0.0)
+                self.kernels_received += args.get("kernels", 0)
+            elif name == "local hit" and kind == "fx_graph":
+                self.local_hits += 1
+            elif name == "wait":
+                self.waits += 1
+                self.waited_s += event.get("dur", 0.0) / 1e6
+            elif name == "publish" and args.get("ok"):
+                self.kinds[kind].published += 1
+                self.bytes_published += args.get("bytes", 0)
+                self.shared_from_local += int(bool(args.get("local_copy")))
+            elif name == "rejected":
+                self.kinds[kind].rejected += 1
+            elif name == "timeout extension":
+                self.timeout_extension_s += args.get("seconds", 0.0)
+            elif name == "store lost":
+                self.store_failed = True
+            elif name == "share" and args.get("outcome") == "compiled":
+                self.shares_compiled += 1
 
-    def record_miss(self, kind: str, *, rejected: bool = False) -> None:
+    def record_miss(self, kind: str) -> None:
         with self._lock:
             self.kinds[kind].misses += 1
-            self.kinds[kind].rejected += int(rejected)
-
-    def record_publish(self, kind: str, nbytes: int) -> None:
-        with self._lock:
-            self.kinds[kind].published += 1
-            self.bytes_published += nbytes
-
-    def record_shared_from_local(self) -> None:
-        with self._lock:
-            self.shared_from_local += 1
 
     def record_rank_dependent(self) -> None:
         with self._lock:
@@ -116,27 +155,19 @@ class Stats:
             self.store_calls += 1
             self.store_s += seconds
 
-    def record_wait(self, seconds: float) -> None:
-        with self._lock:
-            self.waited_s += seconds
-
-    def record_lookup(self, result: Any) -> None:
-        """A singleflight lookup's wait, and whether the store failed in it."""
-        if result.waited_s:
-            self.record_wait(result.waited_s)
-        if result.outcome == "unavailable":
-            self.store_failed = True
-
     def as_dict(self) -> dict:
         with self._lock:
             fx = self.kinds.get("fx_graph", KindCounts())
             return {
                 "rank": self.rank,
                 "store": self.store,
-                "graphs_compiled": fx.misses,
+                "graphs_compiled": fx.compiled,
                 "graphs_received": fx.hits,
+                "graphs_found_in_local_cache": self.local_hits,
+                "split_graphs_compiled_for_the_job": self.shares_compiled,
                 "graphs_shared_from_local_cache": self.shared_from_local,
                 "graphs_rank_dependent": self.rank_dependent,
+                "waits": self.waits,
                 "waited_s": round(self.waited_s, 3),
                 "bytes_received": self.bytes_received,
                 "bytes_from_node": self.bytes_from_node,
@@ -161,20 +192,29 @@ class Stats:
             }
 
     def summary(self) -> str:
+        """One line, under 200 characters for counts up to 5 digits; :meth:`details` and
+        :meth:`as_dict` have the rest."""
         d = self.as_dict()
-        return (
-            f"compile_once rank {d['rank']}: {d['graphs_compiled']} graphs compiled locally, "
-            f"{d['graphs_received']} received, {d['graphs_shared_from_local_cache']} shared from its local cache, "
-            f"{d['graphs_rank_dependent']} rank-dependent (not shared); waited {d['waited_s']:.1f}s; "
-            f"received {d['bytes_received'] / 1e6:.2f} MB (and {d['bytes_from_node'] / 1e6:.2f} MB "
-            f"from this node's copy); compile time saved {d['compile_time_saved_s']:.1f}s; "
-            f"NCCL timeout extended by {d['timeout_extension_s']:.0f}s; rejected {d['rejected']}; "
-            f"store {d['store']} ({d['store_calls']} calls, {d['store_s']:.1f}s)"
-            + self._aot_summary(d["graphs_skipped_aot_autograd"], d["ddp_split_graphs"])
-            + self._early_summary(d["early_backward"])
-            + self._shares_summary(d["split_shares"])
-            + self._precompiled_summary(d["precompiled_functions"])
-        )
+        store = d["store"] + (", failed" if d["store_failed"] else "")
+        return (f"compile_once rank {d['rank']}: compiled {d['graphs_compiled']}, received {d['graphs_received']}, "
+                f"local {d['graphs_found_in_local_cache']}, rank-dependent {d['graphs_rank_dependent']}; "
+                f"waits {d['waits']} ({d['waited_s']:.1f}s); saved {d['compile_time_saved_s']:.1f}s; "
+                f"MB in {d['bytes_received'] / 1e6:.2f}, out {d['bytes_published'] / 1e6:.2f}; "
+                f"rejected {d['rejected']}; store {store}")
+
+    def details(self) -> str:
+        """What the summary leaves out, for the DEBUG log (all of it is in :meth:`as_dict`)."""
+        d = self.as_dict()
+        return (f"compile_once rank {d['rank']} details: {d['graphs_shared_from_local_cache']} graphs shared from "
+                f"the local cache; {d['bytes_from_node'] / 1e6:.2f} MB from this node's copy; "
+                f"{d['kernels_received']} kernel files received; NCCL timeout extended by "
+                f"{d['timeout_extension_s']:.0f}s; store {d['store_calls']} calls, {d['store_s']:.1f}s, "
+                f"{d['store_fetches']} fetches"
+                + self._aot_summary(d["graphs_skipped_aot_autograd"], d["ddp_split_graphs"])
+                + self._early_summary(d["early_backward"])
+                + self._shares_summary(d["split_shares"])
+                + self._precompiled_summary(d["precompiled_functions"])
+                + f"; by cache {d['by_cache']}")
 
     @staticmethod
     def _precompiled_summary(p: dict | None) -> str:
@@ -203,3 +243,4 @@ class Stats:
             return ""
         return (f"; backward graphs compiled early while waiting: {e['compiled']} ({e['seconds']:.1f}s), "
                 f"{e['skipped']} left to other ranks, {e['failed']} failed")
+

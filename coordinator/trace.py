@@ -1,8 +1,12 @@
 """A rank's coordinator events on a timeline: claims, compiles, waits, receives.
 
-Off by default. A session records events when its ``trace_dir`` is set
-(``COORDINATOR_TRACE``, ``coordinator-run --coordinator-trace DIR``) or torch's structured
-trace is on (``TORCH_TRACE``); otherwise it holds :data:`NO_EVENTS`, whose methods do nothing.
+Every event a session emits is counted: its :class:`~coordinator.stats.Stats` reads the
+same events (``Stats.count``) that ``coordinator report`` reads back from the trace, so the
+rank's summary and the report count the same things the same way. Writing them is off by
+default. A session writes events when its ``trace_dir`` is set (``COORDINATOR_TRACE``,
+``coordinator-run --coordinator-trace DIR``) or torch's structured trace is on
+(``TORCH_TRACE``); otherwise they are only counted. Parts used alone (a ``Singleflight``
+in a test) hold :data:`NO_EVENTS`, whose methods do nothing.
 
 * ``trace_dir``: each process writes ``DIR/rank<R>-<pid>.json``, Chrome trace events (a JSON
   array, one event per line, flushed as it goes: a job that hangs or is killed still leaves
@@ -20,14 +24,20 @@ name               phase  args
 =================  =====  ===============================================================
 session            i      host, pid, world_size
 claim              i      key (``<cache kind>/<digest>``)
-compile            X      key: from this rank's miss to Inductor's entry
-publish            i      key, bytes, ok
-wait               X      key, owner (a rank), ended: received, took over, owner gave up,
-                          timed out
+compile            X      key: from this rank's miss to Inductor's entry (saved: false when
+                          the compile ended without one)
+publish            i      key, bytes, ok, local_copy (a graph from this rank's local cache)
+wait               X      key, owner (a rank) and ended (received, took over, owner gave up,
+                          timed out) for a wait on the store; via "node lock" and ended
+                          (received: the node's copy, or asked the store) for a wait on
+                          another process of this node that was fetching it
 receive            X      key, bytes, from (store or node), saved_s, kernels: the lookup
 local hit          i      key: a graph this rank found in its own local cache
 rejected           i      key, why
 early backward     X      outcome (compiled, skipped, failed)
+share              X      key (the slot, ``split_share/<digest>``), index, outcome (compiled,
+                          skipped, failed): a submodule of a split frame this rank compiled
+                          for the job (``coordinator.split_shares``)
 timeout extension  i      seconds
 store lost         i      error
 step               i      n: a ``torch.optim`` optimizer's step returned (the first three,
@@ -58,12 +68,12 @@ WAIT_ENDINGS = {"waited": "received", "expired": "took over", "abandoned": "owne
 
 
 def short_key(store_key: str) -> str:
-    """``<cache kind>/<digest>`` of a store key (``<fingerprint>/<namespace>/<kind>/<digest>``)."""
+    """``<cache kind>/<digest>`` of a store key (``<fingerprint>/<secret>/<namespace>/<kind>/<digest>``)."""
     return "/".join(store_key.rsplit("/", 2)[-2:])
 
 
 class NoEvents:
-    """Tracing off: every event is dropped at the cost of a call."""
+    """Events neither counted nor written: every event is dropped at the cost of a call."""
 
     active = False
 
@@ -79,6 +89,9 @@ class NoEvents:
     def compile_ended(self, key: str) -> None:
         pass
 
+    def compiles_ended(self, kind: str | None = None) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -87,22 +100,24 @@ NO_EVENTS = NoEvents()
 
 
 class Events(NoEvents):
-    """One process's coordinator events, written to ``trace_dir`` and/or torch's trace."""
+    """One process's coordinator events: each counted by ``count``, and written to
+    ``trace_dir`` and/or torch's trace when tracing is on (``active``)."""
 
-    active = True
-
-    def __init__(self, rank: Callable[[], int], trace_dir: Path | None, *, structured: bool) -> None:
+    def __init__(self, rank: Callable[[], int], trace_dir: Path | None, *, structured: bool,
+                 count: Callable[[dict], None] | None = None) -> None:
         self._rank = rank  # known once the process group is
         self._dir = trace_dir
         self._structured = structured
+        self._count = count
+        self.active = trace_dir is not None or structured
         self._lock = threading.Lock()
         self._file = None
         self._threads: dict[int, int] = {}
-        self._compiling: dict[str, float] = {}
+        self._compiling: dict[str, list[float]] = {}
         self._started = time.time()
         self._steps = 0
         self._busy = False  # events since the last step
-        self._step_hook = _register_step_hook(self._stepped)
+        self._step_hook = _register_step_hook(self._stepped) if self.active else None
 
     # -- what the session calls --------------------------------------------------------
 
@@ -117,14 +132,34 @@ class Events(NoEvents):
     def compile_began(self, key: str) -> None:
         """This rank missed ``key`` and compiles it now."""
         with self._lock:
-            self._compiling[key] = time.time()
+            self._compiling.setdefault(short_key(key), []).append(time.time())
 
     def compile_ended(self, key: str) -> None:
         """Inductor handed over ``key``'s entry: the compile span ends."""
+        self._end_compile(short_key(key), saved=True)
+
+    def compiles_ended(self, kind: str | None = None) -> None:
+        """Every compile of cache ``kind`` (``None``: of any) still open has ended without
+        an entry (Inductor bypassed the cache, or the compile failed): their spans end now."""
         with self._lock:
-            started = self._compiling.pop(key, None)
-        if started is not None:
-            self.span("compile", started, key=short_key(key))
+            keys = [key for key in self._compiling if kind is None or key.startswith(kind + "/")]
+        for key in keys:
+            while self._end_compile(key, saved=False):
+                pass
+
+    def _end_compile(self, key: str, *, saved: bool) -> bool:
+        with self._lock:
+            began = self._compiling.get(key)
+            if not began:
+                return False
+            started = began.pop(0)
+            if not began:
+                del self._compiling[key]
+        if saved:
+            self.span("compile", started, key=key)
+        else:
+            self.span("compile", started, key=key, saved=False)
+        return True
 
     def close(self) -> None:
         if self._step_hook is not None:
@@ -144,10 +179,14 @@ class Events(NoEvents):
         self._busy = False
 
     def _emit(self, event: dict[str, Any], args: dict[str, Any]) -> None:
+        event.update(cat="coordinator", args=args)
+        if self._count is not None:
+            self._count(event)
+        if not self.active:
+            return
         compile_id = _compat.current_compile_id()
         if compile_id is not None:
             args["compile_id"] = compile_id
-        event.update(cat="coordinator", args=args)
         self._busy = event["name"] != "step"
         if self._structured:
             _compat.emit_structured(event)
@@ -190,10 +229,7 @@ def _register_step_hook(callback: Any) -> Any:
     return register_optimizer_step_post_hook(callback)
 
 
-def open_events(trace_dir: Path | None, rank: Callable[[], int]) -> NoEvents:
-    """The session's events: :data:`NO_EVENTS` unless ``trace_dir`` is set or torch's
-    structured trace is on."""
-    structured = _compat.structured_trace_on()
-    if trace_dir is None and not structured:
-        return NO_EVENTS
-    return Events(rank, trace_dir, structured=structured)
+def open_events(trace_dir: Path | None, rank: Callable[[], int], count: Callable[[dict], None]) -> Events:
+    """The session's events, each counted by ``count``; written into ``trace_dir`` if set,
+    and into torch's structured trace if that is on."""
+    return Events(rank, trace_dir, structured=_compat.structured_trace_on(), count=count)

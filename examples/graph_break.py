@@ -52,6 +52,9 @@ def main() -> None:
     stats = coordinator.stats()
     print(f"rank {dist.get_rank()}: {stats['graphs_compiled']} graphs compiled, "
           f"{stats['graphs_received']} received", flush=True)
+    # DDP before its process group: a gloo group destroyed by DDP's reducer, which holds the
+    # interpreter lock, can wait forever on its worker thread, which needs that lock.
+    del model
     dist.destroy_process_group()
 
 

@@ -115,6 +115,9 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump({"world": world, "all_done_s": all_done, "ranks": everyone}, f)
     dist.barrier()
+    # DDP before its process group: a gloo group destroyed by DDP's reducer, which holds the
+    # interpreter lock, can wait forever on its worker thread, which needs that lock.
+    del ddp
     dist.destroy_process_group()
 
 

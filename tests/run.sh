@@ -1,9 +1,38 @@
 #!/usr/bin/env bash
 # Install what the tests need on a fresh machine, then run them.
 #   bash tests/run.sh [pytest args...]
+# Arguments go to pytest as they are. With no test path among them the whole suite runs
+# (tests/); with paths, only those, and only what they need is installed: the Redis server
+# for files that use the redis_server fixture, SLURM for tests/test_slurm.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+
+# The test paths among the arguments (a file or directory that exists, with or without a
+# ::test suffix); option values such as -m "not protocol" are not paths.
+paths=()
+for arg in "$@"; do
+  if [[ $arg != -* && -e ${arg%%::*} ]]; then
+    paths+=("${arg%%::*}")
+  fi
+done
+need_redis=0
+need_slurm=0
+if [ ${#paths[@]} -eq 0 ]; then
+  need_redis=1
+  need_slurm=1
+fi
+for path in ${paths[@]+"${paths[@]}"}; do
+  if [ -d "$path" ]; then
+    need_redis=1
+    need_slurm=1
+  elif grep -q "redis_server" "$path"; then
+    need_redis=1
+  fi
+  if [ "$(basename "$path")" = test_slurm.py ]; then
+    need_slurm=1
+  fi
+done
 
 # torch first, pinned to the CPU build on disk, or pip may pull a multi-GB CUDA build.
 if ! "$PY" -c "import torch" 2>/dev/null; then
@@ -12,7 +41,7 @@ fi
 "$PY" -m pip install -q -e ".[test]"
 
 # A Redis server binary for the tests to start on free ports (they never use a shared one).
-if ! command -v redis-server >/dev/null && ! command -v valkey-server >/dev/null; then
+if [ $need_redis = 1 ] && ! command -v redis-server >/dev/null && ! command -v valkey-server >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
   else
@@ -21,8 +50,11 @@ if ! command -v redis-server >/dev/null && ! command -v valkey-server >/dev/null
 fi
 
 # A real single-node SLURM (munged, slurmctld, slurmd) for the prolog/epilog tests.
-if ! command -v slurmd >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+if [ $need_slurm = 1 ] && ! command -v slurmd >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq && apt-get install -y -qq slurm-wlm munge >/dev/null
 fi
 
-exec "$PY" -m pytest -n "${TEST_WORKERS:-2}" --dist worksteal -q --durations=15 "$@" tests
+if [ ${#paths[@]} -eq 0 ]; then
+  set -- "$@" tests
+fi
+exec "$PY" -m pytest -n "${TEST_WORKERS:-2}" --dist worksteal -q --durations=15 "$@"

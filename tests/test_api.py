@@ -12,7 +12,8 @@ import torch._inductor.remote_cache as remote_cache
 from torch._dynamo.callback import callback_handler
 
 import coordinator
-from coordinator import CoordinatorError
+from coordinator import ConfigError
+from coordinator import session as session_module
 
 
 def snapshot():
@@ -41,12 +42,42 @@ def test_hooks_are_installed_and_restored(tmp_path):
         assert session.stats.as_dict()["by_cache"]["fx_graph"]["published"] == 1
         # Every store call went through the session's timing: the put, the hit, the miss.
         assert session.stats.as_dict()["store_calls"] >= 3 and session.stats.as_dict()["store_s"] > 0
-        with pytest.raises(CoordinatorError, match="already active"):
+        # Another compile_once with other settings is refused, naming the setting and both values.
+        with pytest.raises(ConfigError, match=r"already active in this process with other settings: "
+                                              r"store \(COORDINATOR_STORE\): active 'file://.*', requested None$"):
             with coordinator.compile_once():
                 pass
+        assert session_module.active() is session
     assert snapshot() == before
     assert coordinator.stats()["graphs_received"] == 1
     assert coordinator.stats()["compile_time_saved_s"] == pytest.approx(1.234)
+
+
+def test_a_nested_compile_once_with_the_same_settings_joins_the_active_one(tmp_path, monkeypatch):
+    """A script written for the context manager, run where compile_once is already active
+    (coordinator-run enters it for the whole process): the inner one joins, and leaving it
+    leaves the session open."""
+    monkeypatch.setenv("COORDINATOR_STORE", f"file://{tmp_path}")
+    monkeypatch.setenv("COORDINATOR_LEASE_S", "7")
+    before = snapshot()
+    with coordinator.compile_once() as outer:
+        with coordinator.compile_once(lease=7, store=f"file://{tmp_path}") as inner:  # the same, given as arguments
+            assert inner is outer
+        # The inner exit closed nothing: the hooks and the session are still there.
+        assert session_module.active() is outer and snapshot() != before
+        assert remote_cache.RemoteFxGraphCache.backend_override_cls.__name__ == "CoordinatorFxGraphBackend"
+        remote_cache.RemoteFxGraphCache("fx-graph-v1").put("k", {"data": "eA==", "time_taken_ms": 5})
+        assert coordinator.stats()["by_cache"]["fx_graph"]["published"] == 1
+        with pytest.raises(ConfigError) as refused:
+            with coordinator.compile_once(lease=3, namespace="team", secret="s3cret"):
+                pass
+        message = str(refused.value)
+        assert "lease (COORDINATOR_LEASE_S): active 7s, requested 3s" in message
+        assert "namespace (COORDINATOR_NAMESPACE): active '', requested 'team'" in message
+        assert "secret (COORDINATOR_SECRET): active none, requested set" in message
+        assert "s3cret" not in message and "store" not in message
+        assert session_module.active() is outer
+    assert session_module.active() is None and snapshot() == before
 
 
 def test_hooks_are_restored_after_an_exception(tmp_path):
@@ -163,3 +194,45 @@ def test_reads_of_the_rank_are_reported_except_for_logging(tmp_path):
         assert dist.get_rank is dist.distributed_c10d.get_rank and "report" not in str(dist.get_rank.__code__)
     finally:
         dist.destroy_process_group()
+
+
+def test_the_summary_is_one_short_line_and_the_details_go_to_debug():
+    from coordinator.stats import Stats
+
+    stats = Stats(rank=65535)
+    stats.store, stats.store_failed = "rediss", True
+    for n in range(99_999):  # counts of 5 digits in every field
+        for name, args, dur in (("compile", {"key": f"fx_graph/{n}"}, 0), ("local hit", {"key": f"fx_graph/{n}"}, 0),
+                                ("wait", {"key": f"fx_graph/{n}"}, 1e6), ("rejected", {"key": f"fx_graph/{n}"}, 0),
+                                ("receive", {"key": f"fx_graph/{n}", "bytes": 10**6, "saved_s": 1.0,
+                                             "from": "store"}, 0)):
+            stats.count({"name": name, "args": args, "dur": dur})
+    stats.rank_dependent = 99_999
+    line = stats.summary()
+    assert len(line) <= 200, (len(line), line)
+    assert line.startswith("compile_once rank 65535: compiled 99999, received 99999, local 99999, "
+                           "rank-dependent 99999; waits 99999 (99999.0s); saved 99999.0s; MB in 99999.00"), line
+    assert line.endswith("; rejected 99999; store rediss, failed"), line
+    details = Stats(0)
+    details.aot_autograd_hits = lambda: 3
+    assert "3 graphs skipped AOTAutograd" in details.details() and "NCCL timeout extended" in details.details()
+
+
+def test_a_store_that_cannot_be_opened_still_counts_what_the_rank_compiled(tmp_path, caplog):
+    """A store that fails at open (here a directory that cannot be made) means local
+    compiles; the summary counts them and names the store, failed."""
+    from coordinator.config import Config
+    from coordinator.session import Session
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    session = Session(Config(store=f"file://{blocker}/store"))
+    for graph in ("forward", "backward"):
+        assert session.get("fx_graph", f"pt2:fx-graph-v1::{graph}:c1") is None  # Inductor compiles
+        session.put("fx_graph", f"pt2:fx-graph-v1::{graph}:c1", b"entry")
+    session.close()
+    stats = session.stats.as_dict()
+    assert (stats["graphs_compiled"], stats["store"], stats["store_failed"]) == (2, "file", True)
+    assert "compiled 2, received 0" in session.stats.summary()
+    assert session.stats.summary().endswith("store file, failed")
+    assert caplog.text.count("cannot open the store") == 1

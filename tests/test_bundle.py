@@ -138,9 +138,27 @@ def test_cli_save_inspect_ls_load_rm(tmp_path, capsys, monkeypatch):
     assert main(["bundle", "rm", url, "nightly"]) == 0
     assert main(["bundle", "inspect", url, "--name", "nightly"]) == 1
     assert "no bundle 'nightly'" in capsys.readouterr().err
+    assert main(["bundle", "ls", url]) == 0
+    assert capsys.readouterr().out == f"no bundles in {url}\n"
     bad = tmp_path / "bad.bundle"
     bad.write_bytes(blob[:-10])
     assert main(["bundle", "save", url, str(bad)]) == 1
+    # "outbox": this node's outbox in the Inductor cache dir.
+    assert main(["bundle", "save", "outbox", str(path), "--name", "nightly"]) == 0
+    assert (tmp_path / "inductor" / "coordinator-outbox" / bundle_key("nightly")).is_file()
+
+
+def test_cli_bundle_save_help_says_what_its_arguments_are(capsys):
+    from coordinator.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["bundle", "save", "--help"])
+    assert done.value.code == 0
+    usage = " ".join(capsys.readouterr().out.split())
+    for meaning in ("url the store to publish to: redis://host:port/db", "or outbox (this node's outbox)",
+                    "file the bundle file", "--name NAME bundle name", "--ttl TTL seconds until Redis expires it",
+                    "--max-bytes MAX_BYTES refuse a bundle larger than this"):
+        assert meaning in usage, usage
 
 
 @pytest.mark.protocol
@@ -150,7 +168,7 @@ def test_redis_ttl_and_size_policy(redis_server):
     from coordinator import ConfigError
 
     blob, _ = synthetic(size=5000)
-    with pytest.raises(ConfigError, match="over the 1000-byte limit"):
+    with pytest.raises(ConfigError, match="max_bytes=1000: the bundle is .* bytes, over this limit"):
         coordinator.save_bundle(redis_server.url, name="capped", blob=blob, max_bytes=1000)
     from datetime import timedelta
 

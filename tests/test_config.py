@@ -40,16 +40,42 @@ def test_precedence(monkeypatch):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"lease": timedelta(0)}, "lease must be a positive timedelta"),
-        ({"caches": ("fx_graph", "bogus")}, "unknown cache kinds \\['bogus'\\]; allowed: fx_graph"),
-        ({"store": "localhost:6379"}, "is not a URL"),
-        ({"namespace": "a/b"}, "namespace"),
-        ({"chunk_bytes": 10}, "chunk_bytes"),
+        ({"lease": timedelta(0)}, "lease=0s: must be a positive number of seconds"),
+        ({"lease": -3}, "lease=-3: must be a positive number of seconds"),
+        ({"caches": ("fx_graph", "bogus")},
+         "caches=('fx_graph', 'bogus'): unknown cache kinds ['bogus']; allowed: fx_graph"),
+        ({"store": "localhost:6379"}, "store='localhost:6379': store 'localhost:6379' is not a URL"),
+        ({"namespace": "a/b"}, "namespace='a/b': may only hold letters, digits"),
+        ({"chunk_bytes": 10}, "chunk_bytes=10: must be a whole number of bytes, at least 1024"),
     ],
 )
 def test_invalid_settings(kwargs, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError) as refused:
         Config(**kwargs)
+    assert str(refused.value).startswith(message), str(refused.value)
+    with pytest.raises(ConfigError) as refused:
+        Config.resolve(environ={}, **kwargs)
+    assert str(refused.value).startswith(message), str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "variable, raw, message",
+    [
+        ("COORDINATOR_LEASE_S", "-3", "COORDINATOR_LEASE_S=-3: must be a positive number of seconds"),
+        ("COORDINATOR_WAIT_TIMEOUT_S", "0", "COORDINATOR_WAIT_TIMEOUT_S=0: must be a positive number of seconds"),
+        ("COORDINATOR_CACHES", "fx_graph,bogus", "COORDINATOR_CACHES=fx_graph,bogus: unknown cache kinds ['bogus']"),
+        ("COORDINATOR_CHUNK_BYTES", "10", "COORDINATOR_CHUNK_BYTES=10: must be a whole number of bytes, at least"),
+        ("COORDINATOR_NAMESPACE", "a b", "COORDINATOR_NAMESPACE='a b': may only hold letters, digits"),
+        ("COORDINATOR_STORE", "bogus://x", "COORDINATOR_STORE=bogus://x: unknown store URL scheme 'bogus'"),
+        ("COORDINATOR_PRECOMPILE", "maybe", "COORDINATOR_PRECOMPILE=maybe: expected one of 1/0, true/false"),
+    ],
+)
+def test_an_invalid_variable_is_named_with_the_value_given(variable, raw, message):
+    """The variable and its value as written, and what is allowed; never a timedelta's repr."""
+    with pytest.raises(ConfigError) as refused:
+        Config.resolve(environ={variable: raw})
+    assert str(refused.value).startswith(message), str(refused.value)
+    assert "datetime" not in str(refused.value)
 
 
 @pytest.mark.parametrize("url, message", [
@@ -97,11 +123,11 @@ def test_collective_switches_are_off_inside_compile_once_and_restored_after(tmp_
 
 def test_invalid_env(monkeypatch):
     monkeypatch.setenv("COORDINATOR_LEASE_S", "soon")
-    with pytest.raises(ConfigError, match="COORDINATOR_LEASE_S='soon' is not a number"):
+    with pytest.raises(ConfigError, match="COORDINATOR_LEASE_S=soon: not a number of seconds"):
         Config.resolve()
     with pytest.raises(ConfigError, match="unknown settings"):
         Config.resolve(leese=1)
-    with pytest.raises(ConfigError, match="COORDINATOR_CHUNK_BYTES='1MB' is not a whole number"):
+    with pytest.raises(ConfigError, match="COORDINATOR_CHUNK_BYTES=1MB: not a whole number"):
         Config.resolve(environ={"COORDINATOR_CHUNK_BYTES": "1MB"})
 
 

@@ -1,4 +1,6 @@
-"""Every example runs on CPU with gloo, 2 ranks, 2 steps, and compiles each graph once."""
+"""Every example runs on CPU with gloo, 2 ranks, 2 steps, and compiles each graph once, under
+torchrun and, unchanged, under ``coordinator-run`` (which has already entered ``compile_once``
+in each worker when the script enters it)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,11 @@ from conftest import machine_env
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+@pytest.mark.parametrize("launcher", [
+    "torch.distributed.run",
+    # The launcher's own tests are protocol tests: CI runs them on one torch.
+    pytest.param("coordinator.launcher", marks=pytest.mark.protocol),
+])
 @pytest.mark.parametrize(
     "script, args",
     [
@@ -22,15 +29,17 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
         ("graph_break.py", ["--steps", "2"]),
     ],
 )
-def test_example_compiles_each_graph_once(tmp_path, script, args):
+def test_example_compiles_each_graph_once(tmp_path, launcher, script, args):
     env = dict(os.environ, **machine_env(tmp_path))
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(EXAMPLES / script), *args],
+        [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", "2", str(EXAMPLES / script), *args],
         env=env, capture_output=True, text=True, timeout=240,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    if launcher == "coordinator.launcher":  # one session per worker: the launcher's, which the script joined
+        for rank in (0, 1):
+            assert result.stderr.count(f"compile_once rank {rank}: ") == 1, result.stderr[-3000:]
     if script == "train.py":
         match = re.search(r"FX graphs compiled across ranks: (\d+)", result.stdout)
         assert match and int(match.group(1)) > 0, result.stdout

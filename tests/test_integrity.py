@@ -8,9 +8,10 @@ import pickle
 
 import msgpack
 import pytest
+from conftest import require_success
 
 from coordinator import Config, IntegrityError
-from coordinator.fingerprint import describe_difference, environment, fingerprint
+from coordinator.fingerprint import describe_difference, environment, fingerprint, key_prefix, secret_fingerprint
 from coordinator.integrity import open_sealed, seal
 from coordinator.session import Session
 
@@ -95,8 +96,15 @@ def test_session_treats_bad_values_as_misses(tmp_path, caplog, monkeypatch, atta
     else:
         monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "reader-node"))
     reader = _session(url, secret="other-secret" if attack == "wrong-secret" else "team-secret")
+    if attack in ("wrong-secret", "unsigned"):
+        # Keys are namespaced by the secret: the value is placed under the reader's key, as
+        # anyone who can write to the store can.
+        reader.flight()
+        store.set(f"v/{reader.store_key('fx_graph', 'pt2:fx-graph-v1::key:c1')}", blob)
     with caplog.at_level(logging.WARNING, logger="coordinator"):
-        assert reader.get("fx_graph", "pt2:fx-graph-v1::key:c1") is None
+        got = reader.get("fx_graph", "pt2:fx-graph-v1::key:c1")
+    # Refused and never unpickled; the store's own copy is intact when only the node's was tampered.
+    assert got == (payload if attack == "tampered-node-copy" else None)
     assert "rejected fx_graph entry" in caplog.text
     assert reader.stats.as_dict()["rejected"] == 1
     writer.close()
@@ -130,3 +138,51 @@ def test_fingerprint_namespaces_environments():
     assert "torch: 2.11.0 != " in describe_difference(ours, theirs)
     assert "gpu: NVIDIA H200 sm_90 != none" in describe_difference(ours, theirs)
     assert len(fingerprint()) == 16
+
+
+def test_the_secret_namespaces_keys_by_its_fingerprint_never_by_itself():
+    assert secret_fingerprint(None) == secret_fingerprint(b"") == "none"
+    ours = secret_fingerprint(b"team-secret")
+    assert len(ours) == 12 and int(ours, 16) >= 0 and ours != secret_fingerprint(b"team-secreT")
+    assert key_prefix(b"team-secret", "") == f"{fingerprint()}/{ours}/_"
+    assert key_prefix(None, "ns") == f"{fingerprint()}/none/ns"
+
+
+@pytest.mark.protocol
+def test_jobs_with_different_secrets_keep_apart_and_a_corrupt_value_is_compiled_once(job, tmp_path):
+    """Two jobs with different secrets on one store: each compiles its own graphs once and
+    refuses nothing; a rerun of the first finds its own. Then one of the first job's values
+    are corrupted (the forward and the backward graph): of 3 ranks, exactly one compiles each
+    again, the others receive it."""
+    store = tmp_path / "store"
+    options = {"store": f"file://{store}"}
+    team_a = {"COORDINATOR_SECRET": "team-a"}
+    first = job(2, options, env=team_a)
+    other = job(2, options, env={"COORDINATOR_SECRET": "team-b"})
+    again = job(1, options, env=team_a)
+    for results in (first, other, again):
+        require_success(results)
+        assert all(r.report["stats"]["rejected"] == 0 for r in results), [r.report["stats"] for r in results]
+    assert sum(r.fx_misses for r in first) == sum(r.fx_misses for r in other) == 2  # each graph once per job
+    assert (again[0].fx_misses, again[0].fx_hits) == (0, 2)
+    namespaces = {p.name for p in (store / "v" / fingerprint()).iterdir()}
+    assert namespaces == {secret_fingerprint(b"team-a"), secret_fingerprint(b"team-b")}
+    assert not list(store.rglob("*team-*"))  # no secret in a key
+
+    graphs = sorted((store / "v" / fingerprint() / secret_fingerprint(b"team-a") / "_" / "fx_graph").iterdir())
+    assert len(graphs) == 2
+    corrupt = {}
+    for path in graphs:
+        blob = path.read_bytes()
+        corrupt[path] = blob[:-1] + bytes([blob[-1] ^ 1])
+        path.write_bytes(corrupt[path])
+    corrupted = job(3, options, env=team_a)
+    require_success(corrupted)
+    stats = [r.report["stats"] for r in corrupted]
+    # Inductor also counts as a miss the graph AOTAutograd's entry failed to load, which it
+    # then compiles afresh: the coordinator's counts say who compiled.
+    assert sum(s["graphs_compiled"] for s in stats) == 2, stats  # each graph compiled again once
+    assert all(s["graphs_compiled"] + s["graphs_received"] == 2 for s in stats), stats  # the others received it
+    assert sum(r.report["cpp_builds"]["kernel"] > 0 for r in corrupted) == 1  # on one rank only
+    assert sum(s["rejected"] for s in stats) >= 2
+    assert all(path.read_bytes() != bad for path, bad in corrupt.items())  # replaced by the new compiles

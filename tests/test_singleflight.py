@@ -80,6 +80,36 @@ def test_offer_claims_a_missing_key_or_waits_for_its_holder(store):
     cold.close()
 
 
+def test_a_rejected_value_is_claimed_again_by_one_process_while_the_others_wait(store):
+    """A value its readers refuse counts as missing: one claims the key again and compiles,
+    the others wait for its value instead of each compiling one."""
+    bad = b"corrupt"
+    store.set("v/k", bad)
+    first, second, third = flight(store, 0), flight(store, 1), flight(store, 2)
+    assert first.lookup("k", blocking=True).value == bad  # what every reader finds, and refuses
+    assert first.lookup("k", blocking=True, rejected=bad).outcome == "claimed"
+    results = {}
+    waiters = [threading.Thread(target=lambda f=f: results.update({f.owner.rank: f.lookup("k", blocking=True,
+                                                                                         rejected=bad)}))
+               for f in (second, third)]
+    for t in waiters:
+        t.start()
+    time.sleep(0.4)
+    assert all(t.is_alive() for t in waiters)  # waiting on the claimant, not compiling
+    assert first.publish("k", b"good")
+    for t in waiters:
+        t.join(5)
+    assert {rank: (r.value, r.outcome) for rank, r in results.items()} == {1: (b"good", "waited"),
+                                                                            2: (b"good", "waited")}
+    # The good value replaced the bad one; a later reader of the old bad value gets it at once.
+    assert flight(store, 3).lookup("k", blocking=True, rejected=bad).value == b"good"
+    # Another bad value later meets a claim of its own (no signal of the ended one is reused).
+    store.set("v/k", b"corrupt again")
+    assert second.lookup("k", blocking=True, rejected=b"corrupt again").outcome == "claimed"
+    for f in (first, second, third):
+        f.close()
+
+
 @pytest.fixture
 def sessions(tmp_path, monkeypatch):
     """Ranks' sessions over one directory store, each on a node (cache dir) of its own."""

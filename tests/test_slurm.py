@@ -9,6 +9,7 @@ start, and the tasks, plain scripts that never import coordinator, compile nothi
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
@@ -19,7 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import machine_env
 
+from coordinator.fingerprint import fingerprint, secret_fingerprint
 from coordinator.slurm import job_settings, parse_comment, read_settings_file
 
 pytestmark = pytest.mark.protocol
@@ -208,6 +211,65 @@ def test_prolog_with_an_unreachable_store_exits_0_and_logs(tmp_path):
     text = log_file.read_text()
     assert "could not restore bundle 'x'" in text and f"127.0.0.1:{port}" in text, text
     assert (tmp_path / "node" / "root").is_dir()
+
+
+def test_the_documented_settings_restore_what_the_last_job_saved(tmp_path):
+    """launch/slurm/README.md's "Jobs" and "Check it works", with no SLURM installed: the hooks
+    run as slurmd runs them (its environment, no PATH) around two coordinator-run jobs that set
+    only what the guide says, on Inductor's default cache dir (each job's TMPDIR stands for its
+    node's /tmp), with a secret."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    for name in ("prolog.sh", "epilog.sh"):
+        shutil.copy(ROOT / "launch" / "slurm" / name, hooks / name)
+    store, log_file = tmp_path / "store", tmp_path / "hooks.log"
+    site_settings(hooks, COORDINATOR_RESTORE_BUNDLE=f"file://{store}", COORDINATOR_PUSH_BUNDLE=f"file://{store}",
+                  COORDINATOR_SECRET="site-secret", COORDINATOR_SLURM_LOG=log_file)
+
+    def hook(name: str, job: str, node: Path) -> str:
+        env = {"SLURM_JOB_ID": job, "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GID": str(os.getgid()),
+               "SLURM_SCRIPT_CONTEXT": f"{name}_slurmd", "SLURM_JOB_COMMENT": "coordinator.bundle=mlp",
+               "PYTHONPATH": str(ROOT), "TMPDIR": str(node)}
+        done = subprocess.run(["/bin/sh", str(hooks / f"{name}.sh")], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0
+        return log_file.read_text()
+
+    def tasks(launcher: str, node: Path, out: Path, nproc: int, **settings: str) -> list[dict]:
+        out.mkdir()
+        env = dict(os.environ, **machine_env(node), TORCHINDUCTOR_COMPILE_THREADS="1", **settings)
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the default set-up: Inductor's own default dir
+        done = subprocess.run([sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", str(nproc),
+                               PLAIN, str(out)], env=env, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [json.loads((out / f"rank{rank}.json").read_text())["inductor"] for rank in range(nproc)]
+
+    def coordinator_cli(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "coordinator.cli", *args], capture_output=True, text=True,
+                              env=dict(os.environ, COORDINATOR_SECRET="site-secret"), timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert coordinator_cli("bundle", "ls", f"file://{store}") == f"no bundles in file://{store}\n"
+    first, second = tmp_path / "node1", tmp_path / "node2"
+    first.mkdir()
+    second.mkdir()  # each node's /tmp exists before its Prolog runs
+    assert "no bundle to restore yet" in hook("prolog", "1", first)
+    cold = tasks("coordinator.launcher", first, tmp_path / "cold", 2, COORDINATOR_BUNDLE_NAME="mlp",
+                 COORDINATOR_SAVE_BUNDLE="outbox", COORDINATOR_SECRET="site-secret")
+    assert sum(r.get("fxgraph_cache_miss", 0) for r in cold) == 2
+    assert (first / f"torchinductor_{getpass.getuser()}" / "coordinator-outbox").is_dir()
+    assert f"pushed 1 bundle(s) to file://{store}" in hook("epilog", "1", first)
+
+    # Check it works: the store lists the bundle, which verifies with the job's secret.
+    listed = coordinator_cli("bundle", "ls", f"file://{store}")
+    assert listed.startswith(f"bundles/{fingerprint()}/{secret_fingerprint(b'site-secret')}/_/mlp\t"), listed
+    assert json.loads(coordinator_cli("bundle", "inspect", f"file://{store}", "--name", "mlp"))["signature"] == (
+        "HMAC-SHA256, verified")
+    node_dir = second / f"torchinductor_{getpass.getuser()}"  # Inductor's default dir on that node
+    assert f"restored bundle 'mlp' into {node_dir}: " in hook("prolog", "2", second)
+    warm = tasks("torch.distributed.run", second, tmp_path / "warm", 2)  # the job again, not even under compile_once
+    assert all(r.get("fxgraph_cache_miss", 0) == 0 and r["fxgraph_cache_hit"] == 2 for r in warm), warm
 
 
 def test_job_settings_precedence_and_safety(tmp_path):

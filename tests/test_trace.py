@@ -4,7 +4,9 @@ One 3-rank gloo job (real processes) runs with both ``TORCH_TRACE`` and
 ``COORDINATOR_TRACE`` on. The first compiler stalls 3 s, so the other ranks wait for its
 graphs; rank 2 then runs a third step at a new batch size, a recompile no other rank
 needs. The tests read the same job: the first test to need it runs it (under a file
-lock, so that pytest-xdist workers share one run).
+lock, so that pytest-xdist workers share one run). A second 3-rank job shares one
+Inductor cache dir between its ranks, as the ranks of a node do under ``coordinator-run``,
+and runs the same graphs on every rank.
 """
 
 from __future__ import annotations
@@ -22,21 +24,55 @@ from coordinator.node import file_lock
 from coordinator.report import load_traces, write_report
 
 
-@pytest.fixture(scope="module")
-def traced_job(tmp_path_factory, worker_id):
+def shared_job(tmp_path_factory, worker_id, name: str, run) -> Path:
+    """The directory of a job that ``run(root)`` runs once for all pytest-xdist workers."""
     base = tmp_path_factory.getbasetemp()
-    root = (base if worker_id == "master" else base.parent) / "traced-job"  # shared by the xdist workers
+    root = (base if worker_id == "master" else base.parent) / name  # shared by the xdist workers
     with file_lock(str(root) + ".lock", None):
         if not (root / "done").exists():
             shutil.rmtree(root, ignore_errors=True)
             root.mkdir()
-            options = {"first_compiler": "slow:3", "optimizer": True, "steps": 2}
-            env = {"TORCH_TRACE": str(root / "torch-trace"), "COORDINATOR_TRACE": str(root / "trace")}
-            results = run_job(root, 3, options, env=env, rank_options={2: {"shapes": [8, 8, 12]}})
+            results = run(root)
             require_success(results)
             (root / "results.json").write_text(json.dumps([r.report for r in results]))
+            (root / "logs.json").write_text(json.dumps([r.log for r in results]))
             (root / "done").touch()
     return root
+
+
+@pytest.fixture(scope="module")
+def traced_job(tmp_path_factory, worker_id):
+    def run(root):
+        options = {"first_compiler": "slow:3", "optimizer": True, "steps": 2}
+        env = {"TORCH_TRACE": str(root / "torch-trace"), "COORDINATOR_TRACE": str(root / "trace")}
+        return run_job(root, 3, options, env=env, rank_options={2: {"shapes": [8, 8, 12]}})
+
+    return shared_job(tmp_path_factory, worker_id, "traced-job", run)
+
+
+@pytest.fixture(scope="module")
+def node_local_job(tmp_path_factory, worker_id):
+    """Ranks that share their Inductor cache dir: one finds in it what another compiled, or
+    waits on the node lock while another fetches; three frames (graph breaks) whose compiles
+    are slow, so that waiting ranks compile backward graphs early, and skip one that
+    another rank compiles."""
+    def run(root):
+        node = root / "node-cache"
+        options = {"model": "broken", "slow_compiles": 1.0, "optimizer": True, "steps": 2}
+        return run_job(root, 3, options, env={"COORDINATOR_TRACE": str(root / "trace")},
+                       cache_dirs={rank: node for rank in range(3)})
+
+    return shared_job(tmp_path_factory, worker_id, "node-local-job", run)
+
+
+def assert_row_is_the_ranks_own(row, stats: dict) -> None:
+    """The report's row of a rank holds what the rank's own summary and stats() said."""
+    assert (row.compiled, row.received, row.local_hits, row.waits, row.rejected) == (
+        stats["graphs_compiled"], stats["graphs_received"], stats["graphs_found_in_local_cache"], stats["waits"],
+        stats["rejected"]), (row, stats)
+    assert (row.bytes_received, row.bytes_published) == (stats["bytes_received"], stats["bytes_published"]), stats
+    assert row.waited_s == pytest.approx(stats["waited_s"], abs=0.002) and row.saved_s == pytest.approx(
+        stats["compile_time_saved_s"], abs=0.002), (row, stats)
 
 
 def chromium_events(tlparse_out: Path) -> dict[int, list[dict]]:
@@ -98,11 +134,10 @@ def test_report_merges_the_ranks_and_warns_about_a_graph_one_rank_needed(traced_
     assert waits and all((e["args"]["owner"], e["args"]["key"]) in compiled for e in waits), waits
     assert not [w for w in report.warnings if "waited" in w], report.warnings
 
-    # The table agrees with each rank's own counters.
+    # The table agrees with each rank's own counters, column for column.
     for row, rank_report in zip(report.rows, reports, strict=True):
-        stats = rank_report["stats"]
-        assert (row.compiled, row.received) == (stats["graphs_compiled"], stats["graphs_received"]), (row, stats)
-        assert row.bytes_published == stats["bytes_published"] and row.first_step_s is not None
+        assert_row_is_the_ranks_own(row, rank_report["stats"])
+        assert row.first_step_s is not None
     # Rank 2's recompile (batch 12) is a graph no other rank needed: named, with its ranks.
     divergent = [w for w in report.warnings if "never needed it" in w]
     traces = load_traces(traced_job / "trace")
@@ -124,6 +159,9 @@ def test_report_merges_the_ranks_and_warns_about_a_graph_one_rank_needed(traced_
     assert done.returncode == 0, done.stderr
     assert "never needed it" in done.stdout and done.stdout.splitlines()[0].split()[:3] == ["rank", "compiled",
                                                                                           "received"]
+    legend = done.stdout.split("columns:\n", 1)[1]
+    for column in done.stdout.splitlines()[0].split():  # each column explained once
+        assert sum(line.split()[0] == column for line in legend.splitlines() if line.strip()) == 1, column
 
 
 def test_report_without_matplotlib_writes_the_trace_and_the_table_and_an_empty_dir_is_an_error(traced_job, tmp_path):
@@ -142,3 +180,24 @@ def test_report_without_matplotlib_writes_the_trace_and_the_table_and_an_empty_d
     empty = subprocess.run([sys.executable, "-m", "coordinator.cli", "report", str(tmp_path / "nothing")],
                            capture_output=True, text=True, timeout=120)
     assert empty.returncode == 1 and "no rank traces" in empty.stderr, (empty.stdout, empty.stderr)
+
+
+def test_report_on_a_node_local_job_warns_of_nothing_and_agrees_with_each_ranks_summary(node_local_job):
+    """Every rank ran the same graphs: whether it compiled one, received it from the store or
+    the node's copy, or found it in the node's cache dir, it needed it; no warning. The
+    table and each rank's summary line count the same events."""
+    reports = json.loads((node_local_job / "results.json").read_text())
+    logs = json.loads((node_local_job / "logs.json").read_text())
+    report = write_report(node_local_job / "trace", picture=False)
+    assert report.warnings == [], report.warnings
+    assert sum(row.local_hits for row in report.rows) > 0, report.table()  # the shared dir was used
+    graphs = {row.compiled + row.received + row.local_hits for row in report.rows}
+    assert len(graphs) == 1 and graphs.pop() >= 6, report.table()  # 3 forward, 3 backward graphs, on every rank
+    for row, rank_report, log in zip(report.rows, reports, logs, strict=True):
+        stats = rank_report["stats"]
+        assert_row_is_the_ranks_own(row, stats)
+        [line] = [line for line in log.splitlines() if f"compile_once rank {row.rank}: " in line]
+        summary = line[line.index("compile_once rank"):]
+        assert len(summary) <= 200, summary
+        assert f"compiled {row.compiled}, received {row.received}, local {row.local_hits}, " in summary, summary
+        assert f"; waits {row.waits} ({row.waited_s:.1f}s); saved {row.saved_s:.1f}s;" in summary, summary

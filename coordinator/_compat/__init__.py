@@ -28,8 +28,10 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``_write_to_local_cache``, ``_get_tmp_dir_for_key``, ``codecache._worker_compile_cpp``,
   ``RedisRemoteCache._get_key`` and the FX remote value format of ``_save_graph``
   (``{"data": <base64>, ...}``). 2.11.0 does not keep remote hits in its local cache itself;
-  keeping them ran in the GPU tier on 2.11.0. Entries that bundle only the Triton kernels
-  their code launches (``bundles_of_final_kernels``): ``FxGraphCache._save_graph``,
+  keeping them ran in the GPU tier on 2.11.0. Whether a lookup loads an AOTAutograd entry's
+  graph (``in_aot_entry_load``): ``_lookup_graph``'s ``evaluate_guards``, which only
+  ``FxGraphCacheLoadable.load`` passes (2.13.0; without the parameter, never). Entries that
+  bundle only the Triton kernels their code launches (``bundles_of_final_kernels``): ``FxGraphCache._save_graph``,
   ``CompiledFxGraph._triton_bundle``/``source_code``, ``TritonBundle.kernel_artifacts``
   (a dataclass), ``TritonKernelArtifact.filename``. The C++ kernels a graph resolves
   (``cpu_kernels_resolved``): ``CppCodeCache.load_async``, ``codecache.write`` and its
@@ -129,6 +131,7 @@ from coordinator._compat.fx_graph import (
     cpu_kernels_resolved,
     fx_graph_lookups,
     fx_graph_remote_value,
+    in_aot_entry_load,
 )
 from coordinator._compat.guards import (
     COLLECTIVE_SWITCHES,
@@ -196,6 +199,7 @@ __all__ = [
     "extend_nccl_timeouts",
     "frames_traced",
     "fx_graph_lookups",
+    "in_aot_entry_load",
     "fx_graph_remote_value",
     "has_nccl_process_group",
     "inductor_cache_dir",

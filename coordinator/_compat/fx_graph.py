@@ -1,10 +1,12 @@
-"""FX-graph lookups: keep remote hits in Inductor's local cache, report every hit, and
-keep rank-dependent graphs out of the local cache."""
+"""FX-graph lookups: keep remote hits in Inductor's local cache, report every hit, say
+whether a lookup loads an AOTAutograd entry's graph, and keep rank-dependent graphs out of
+the local cache."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import logging
 import os
 import threading
@@ -14,6 +16,18 @@ from typing import Any
 from coordinator._compat.backward import SkipCompile
 
 log = logging.getLogger(__name__)
+
+_lookups = threading.local()
+
+
+def in_aot_entry_load() -> bool:
+    """Whether this thread's FX-graph lookup loads a graph of an AOTAutograd cache entry
+    (``FxGraphCacheLoadable.load``), whose miss compiles nothing there: AOTAutograd then
+    compiles the graph afresh and looks it up again (the forward at once, a backward at its
+    first call). Known inside ``fx_graph_lookups``: AOTAutograd passes its own guard check
+    (``evaluate_guards``) to ``FxGraphCache._lookup_graph``, Inductor's own lookup none."""
+    return getattr(_lookups, "aot_entry", False)
+
 
 class _RecordingRemoteCache:
     """Inductor's remote cache, remembering what its ``get`` returned."""
@@ -79,6 +93,8 @@ def fx_graph_lookups(
     original_write = fx_cache.__dict__["_write_to_local_cache"]
     original_worker = codecache._worker_compile_cpp
     recording = threading.local()
+    parameters = list(inspect.signature(original_lookup.__func__).parameters)
+    guards_at = parameters.index("evaluate_guards") - 4 if "evaluate_guards" in parameters else None
 
     def worker_compile_cpp(*args: Any, **kwargs: Any) -> None:
         # (lock_path, builders) on 2.13; (lock_path, builder, ...) in some earlier versions.
@@ -94,10 +110,15 @@ def fx_graph_lookups(
         outer = getattr(recording, "files", None)
         recording.files = files = []
         remote = _RecordingRemoteCache(remote_cache) if remote_cache else remote_cache
+        guards = kwargs.get("evaluate_guards")
+        if guards is None and guards_at is not None and len(args) > guards_at:
+            guards = args[guards_at]
+        outer_aot_entry, _lookups.aot_entry = in_aot_entry_load(), guards is not None
         try:
             result = original_lookup.__func__(key, example_inputs, local, remote, *args, **kwargs)
         finally:
             recording.files = outer
+            _lookups.aot_entry = outer_aot_entry
         if remote is not None and remote.skip is not None:
             raise remote.skip
         graph = result[0] if isinstance(result, tuple) else result  # (graph, cache info) since 2.6
