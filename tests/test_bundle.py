@@ -102,7 +102,9 @@ def test_bad_bundles_are_refused_before_anything_is_written(tmp_path, monkeypatc
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
     store_dir = tmp_path / "store"
     url = f"file://{store_dir}"
-    coordinator.open_store(url).set(bundle_key(), make())
+    # Under the reader's key (bundle keys carry the secret's fingerprint), as anyone who can
+    # write to the store can place it.
+    coordinator.open_store(url).set(bundle_key(secret=secret), make())
     with pytest.raises(error, match=reason):
         coordinator.load_bundle(url, secret=secret)
     written = [p for p in cache.rglob("*") if p.is_file() and not p.name.startswith(".coordinator-bundle")]
