@@ -224,7 +224,6 @@ class SplitShares:
         if outcome == "compiled":
             flight.publish(done, b"1")
             flight.publish(slot, b"1")
-            self._events.instant("publish", key=short_key(slot), bytes=1, ok=True)
             log.debug("compile_once: compiled split graph %d of a frame for the job", index)
         else:
             flight.abandon(slot)
