@@ -85,6 +85,8 @@ DESCRIPTIONS = {
     "signalled_waits": "waiting ranks block on the compiling rank's signals instead of polling (default 1)",
     "early_backward": "a waiting rank compiles the backward graphs it knows meanwhile (default 1)",
     "cache_ddp_graphs": "serve DDP's split graphs from AOTAutograd's cache (default 1 where torch allows)",
+    "concurrent_splits": "each rank compiles a share of every frame DDPOptimizer splits, at the same time "
+                         "(default 1)",
     "precompile": "share each function's precompiled form, installed without tracing (default 0)",
     "trace_dir": "write this rank's coordinator events into this dir, for coordinator report (default: none)",
 }
