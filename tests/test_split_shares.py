@@ -35,7 +35,9 @@ def test_the_ranks_compile_a_share_each_and_train_as_stock_does(job, tmp_path):
     # Static inputs tagged as on a GPU (Inductor's keys then read their storage offsets
     # and sizes, and a backward compiled at once tags forward outputs the next bucket reads).
     options = {**OPTIONS, "model": "fused_qkv", "tag_static_inputs": True}
-    stock = job(2, {**options, "coordinator": False}, name="stock")
+    # Stock on one rank: every rank gets the same batches, so DDP's average of two equal
+    # gradients is that gradient, bit for bit.
+    stock = job(1, {**options, "coordinator": False}, name="stock")
     require_success(stock)
     store = f"file://{tmp_path / 'store'}"
     ours = job(2, {**options, "store": store}, name="ours")
@@ -52,7 +54,8 @@ def test_the_ranks_compile_a_share_each_and_train_as_stock_does(job, tmp_path):
     assert all(shares(r)["compiled"] >= 1 for r in ours), [shares(r) for r in ours]  # both ranks took a share
     assert sum(r.fx_misses for r in ours) == 2 * graphs  # a forward and a backward each, compiled once
     assert all(r.report["stats"]["graphs_skipped_aot_autograd"] == graphs for r in ours)
-    for mine, theirs in zip(ours, stock, strict=True):
+    for mine in ours:
+        theirs = stock[0]
         assert mine.report["split_graphs"]["submod_inputs"] == theirs.report["split_graphs"]["submod_inputs"]
         assert mine.report["losses"] == theirs.report["losses"]
         assert mine.report["grad_norms"] == theirs.report["grad_norms"]
