@@ -56,6 +56,17 @@ _TRITON_REL = re.compile(r"^triton/([A-Za-z0-9_-]+)/([A-Za-z0-9_.-]+)$")
 _DIR_PLACEHOLDER = b"@coordinator-triton-kernel-dir@"
 
 
+def _dirs_since(parent: str, since: float) -> list[os.DirEntry]:
+    """The directories in ``parent`` modified at or after ``since`` (less a little slack:
+    a new file bumps its directory's time); none if ``parent`` is missing."""
+    cutoff = since - _MTIME_SLACK_S
+    try:
+        entries = list(os.scandir(parent))
+    except FileNotFoundError:
+        return []
+    return [entry for entry in entries if entry.is_dir() and entry.stat().st_mtime >= cutoff]
+
+
 def collect_kernels(cache_dir: str, since: float, suffixes: tuple[str, ...] = KERNEL_SUFFIXES) -> dict[str, bytes]:
     """Kernel files (or other ``suffixes``) under ``cache_dir`` written at or after ``since``.
 
@@ -64,13 +75,8 @@ def collect_kernels(cache_dir: str, since: float, suffixes: tuple[str, ...] = KE
     """
     cutoff = since - _MTIME_SLACK_S
     found: dict[str, bytes] = {}
-    try:
-        entries = list(os.scandir(cache_dir))
-    except FileNotFoundError:
-        return found
-    for entry in entries:
-        # Kernel dirs are the two-letter hash prefixes; a new file bumps the dir mtime.
-        if len(entry.name) != 2 or not entry.is_dir() or entry.stat().st_mtime < cutoff:
+    for entry in _dirs_since(cache_dir, since):
+        if len(entry.name) != 2:  # kernel dirs are the two-letter hash prefixes
             continue
         for item in os.scandir(entry.path):
             if item.name.endswith(suffixes) and item.is_file() and item.stat().st_mtime >= cutoff:
@@ -154,20 +160,13 @@ TRITON_HOST_MODULES = ("__triton_launcher", "cuda_utils")
 def collect_triton_modules(triton_dir: str, since: float) -> dict[str, bytes]:
     """The Triton cache entries of host C modules (:data:`TRITON_HOST_MODULES`) written
     into ``triton_dir`` at or after ``since``, as :func:`read_triton_kernel` reads them."""
-    cutoff = since - _MTIME_SLACK_S
     found: dict[str, bytes] = {}
-    try:
-        entries = list(os.scandir(triton_dir))
-    except FileNotFoundError:
-        return found
-    for entry in entries:
-        if not entry.is_dir() or entry.name.startswith("tmp") or entry.stat().st_mtime < cutoff:
-            continue
+    for entry in _dirs_since(triton_dir, since):
         try:
             names = os.listdir(entry.path)
-        except FileNotFoundError:
+        except FileNotFoundError:  # a temporary dir renamed meanwhile
             continue
-        if any(name.startswith(TRITON_HOST_MODULES) for name in names):
+        if not entry.name.startswith("tmp") and any(name.startswith(TRITON_HOST_MODULES) for name in names):
             found.update(read_triton_kernel(entry.path))
     return found
 
