@@ -52,15 +52,15 @@ def traced_job(tmp_path_factory, worker_id):
 
 @pytest.fixture(scope="module")
 def node_local_job(tmp_path_factory, worker_id):
-    """Ranks that share their Inductor cache dir: one finds in it what another compiled, or
+    """Four ranks that share their Inductor cache dir, as on a node: one finds in it what another compiled, or
     waits on the node lock while another fetches; three frames (graph breaks) whose compiles
     are slow, so that waiting ranks compile backward graphs early, and skip one that
     another rank compiles."""
     def run(root):
         node = root / "node-cache"
         options = {"model": "broken", "slow_compiles": 1.0, "optimizer": True, "steps": 2}
-        return run_job(root, 3, options, env={"COORDINATOR_TRACE": str(root / "trace")},
-                       cache_dirs={rank: node for rank in range(3)})
+        return run_job(root, 4, options, env={"COORDINATOR_TRACE": str(root / "trace")},
+                       cache_dirs={rank: node for rank in range(4)})
 
     return shared_job(tmp_path_factory, worker_id, "node-local-job", run)
 
