@@ -12,7 +12,10 @@ directories since it claimed the graph, and ships them inside the entry; a rank 
 receives the entry writes them into its own cache dir before Inductor loads the
 graph, each through a temporary file and an atomic rename (as
 ``TritonBundler.read_and_emit`` does for cubins), so it never runs a compiler and a
-concurrent reader never sees half a library.
+concurrent reader never sees half a library. Inductor's compiler writes a library in
+place, so in a cache dir the ranks of a node share, a file may be one that another rank
+is still building: only whole libraries travel or land (:func:`complete_library`: an
+ELF file up to its section headers, which the linker writes last).
 
 On GPUs the FX entry carries its Triton kernels itself (Inductor's Triton bundling), but
 not the small C modules Triton builds with the host's compiler beside them, each in a
@@ -81,8 +84,27 @@ def collect_kernels(cache_dir: str, since: float, suffixes: tuple[str, ...] = KE
         for item in os.scandir(entry.path):
             if item.name.endswith(suffixes) and item.is_file() and item.stat().st_mtime >= cutoff:
                 with open(item.path, "rb") as f:
-                    found[f"{entry.name}/{item.name}"] = f.read()
+                    data = f.read()
+                if not item.name.endswith(KERNEL_SUFFIXES) or complete_library(data):
+                    found[f"{entry.name}/{item.name}"] = data
     return found
+
+
+def complete_library(data: bytes) -> bool:
+    """Whether ``data`` holds a whole ELF object or library, up to its section headers,
+    which linkers write last: a kernel another process of the node is still building in a
+    shared cache dir must not travel (a rank that loads a cut file fails: "file too short").
+    Data in another format passes, but never an empty or cut-off header."""
+    if data[:4] != b"\x7fELF":
+        return len(data) > 0 and not b"\x7fELF".startswith(data[:4])
+    wide, order = data[4:5] == b"\x02", "little" if data[5:6] == b"\x01" else "big"
+    offset, fields = (0x28, 0x3A) if wide else (0x20, 0x2E)
+    if len(data) < fields + 4:
+        return False
+    table = int.from_bytes(data[offset:offset + (8 if wide else 4)], order)
+    entry_size = int.from_bytes(data[fields:fields + 2], order)
+    entries = int.from_bytes(data[fields + 2:fields + 4], order)
+    return table > 0 and len(data) >= table + entry_size * entries
 
 
 def read_kernels(cache_dir: str, paths: list[str]) -> dict[str, bytes]:
@@ -98,9 +120,11 @@ def read_kernels(cache_dir: str, paths: list[str]) -> dict[str, bytes]:
             continue
         try:
             with open(path, "rb") as f:
-                found[rel] = f.read()
+                data = f.read()
         except FileNotFoundError:
             continue
+        if complete_library(data):
+            found[rel] = data
     return found
 
 
@@ -117,6 +141,9 @@ def emit_kernels(cache_dir: str, files: dict[str, bytes], suffixes: tuple[str, .
             continue
         path = os.path.join(cache_dir, rel)
         if os.path.exists(path):
+            continue
+        if rel.endswith(KERNEL_SUFFIXES) and not complete_library(data):
+            log.warning("ignoring a cut-off kernel library %r in a received entry; Inductor will build it", rel)
             continue
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"

@@ -144,6 +144,32 @@ def test_an_fx_graphs_compile_ships_the_host_modules_triton_built_for_it(tmp_pat
             ).read_bytes() == b"\x7fELF LAUNCHER"
 
 
+def test_a_library_still_being_built_never_travels_nor_lands(tmp_path, caplog):
+    # Ranks of a node share a cache dir: a C++ kernel that another rank's compiler is still
+    # writing (its section headers, written last, not there yet) must not go out with an
+    # entry, and a cut-off one received must not be written (a loader fails on it: "file
+    # too short"); Inductor builds those itself.
+    import subprocess
+    import time
+
+    from coordinator.artifacts import collect_kernels, complete_library, emit_kernels, read_kernels
+
+    (tmp_path / "k.c").write_text("int kernel(int x) { return x + 1; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "k.so"), str(tmp_path / "k.c")], check=True)
+    whole = (tmp_path / "k.so").read_bytes()
+    assert complete_library(whole) and not complete_library(whole[:-1]) and not complete_library(b"")
+    cache = tmp_path / "cache"
+    (cache / "ab").mkdir(parents=True)
+    (cache / "ab" / "abdone.main.so").write_bytes(whole)
+    (cache / "ab" / "abbusy.main.so").write_bytes(whole[: len(whole) // 2])
+    assert sorted(collect_kernels(str(cache), time.time() - 5)) == ["ab/abdone.main.so"]
+    assert sorted(read_kernels(str(cache), [str(p) for p in (cache / "ab").iterdir()])) == ["ab/abdone.main.so"]
+    receiver = tmp_path / "receiver"
+    with caplog.at_level(logging.WARNING, logger="coordinator"):
+        assert emit_kernels(str(receiver), {"cd/cdcut.main.so": whole[:100], "cd/cdwhole.main.so": whole}) == 1
+    assert not (receiver / "cd" / "cdcut.main.so").exists() and "cut-off kernel library" in caplog.text
+
+
 def test_descent_result_is_shared_with_its_kernel_and_the_search_result_never(tuning, tmp_path, monkeypatch):
     tuner = tuning.tuner("triton_red_fused_0", coordesc=True)
     tuning.call(tuner, "autotune_to_one_config")
