@@ -40,7 +40,7 @@ def share_local_hit(session: Session, inductor_key: str, remote_value: Callable[
     guarded entries are local and which one hit is unknown); ``kernel_paths`` are the C++
     kernels the graph loaded.
     """
-    if session.asked_store(inductor_key):  # a remote hit (or a rank-dependent graph): nothing to share
+    if not session.first_local_hit(inductor_key):  # a remote hit, or shared already: nothing to do
         return
     flight = session.flight()
     if flight is None:

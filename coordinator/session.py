@@ -98,6 +98,7 @@ class Session:
         #: FX keys this rank asked the store for and then received or compiled; the others it
         #: found in its local cache.
         self._asked_fx: set[str] = set()
+        self._local_fx: set[str] = set()
         self.kernels = ShippedKernels(_compat.inductor_cache_dir, _compat.triton_cache_dir, _cuda)
         self.ranks = RankDependence()
         self.tuning = TuningSteps(lambda: self._flight)
@@ -148,9 +149,15 @@ class Session:
         digest = hashlib.sha256(inductor_key.encode()).hexdigest()[:40]
         return f"{self._prefix}/{kind}/{digest}"
 
-    def asked_store(self, inductor_key: str) -> bool:
-        """Whether this rank asked the store for FX graph ``inductor_key``."""
-        return inductor_key in self._asked_fx
+    def first_local_hit(self, inductor_key: str) -> bool:
+        """Whether Inductor serving FX graph ``inductor_key`` is this rank's first find of it
+        in the local cache: the store was not asked for it (a remote hit, a rank-dependent
+        graph), and no earlier lookup found it there (an early backward compile loads a
+        graph that the backward pass then loads again)."""
+        if inductor_key in self._asked_fx or inductor_key in self._local_fx:
+            return False
+        self._local_fx.add(inductor_key)
+        return True
 
     def _lookup(self, flight: Singleflight, kind: str, key: str, rejected: bytes | None = None) -> LookupResult:
         """Look ``key`` up once per node (``NodeCache.lookup``), blocking as its kind allows.

@@ -16,6 +16,10 @@ import pytest
 import torch
 from conftest import require_success
 
+from coordinator import Config
+from coordinator.local_hits import share_local_hit
+from coordinator.session import Session
+
 UNIQUE_GRAPHS = 2  # forward and backward
 
 
@@ -26,6 +30,32 @@ def warm_cache(job, tmp_path, options=None):
     require_success(job(1, dict(options or {}, coordinator=False), cache_dirs={0: cache}, name="fill"))
     (tmp_path / "first-compiler").unlink(missing_ok=True)
     return cache
+
+
+def test_a_graph_found_twice_in_the_local_cache_counts_and_publishes_once(tmp_path, monkeypatch):
+    """An early backward compile loads a graph from the local cache, and the backward pass
+    loads it again: one graph this rank needed, found locally, published once. A graph
+    received from the store and then served from the local cache is no local hit."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "node"))
+    session = Session(Config(store=f"file://{tmp_path / 'store'}"))
+    built = []
+
+    def remote_value():
+        built.append(1)
+        return b"entry of the backward graph"
+
+    for _ in range(2):
+        share_local_hit(session, "pt2:fx-graph-v1::backward", remote_value, [])
+    session.put("fx_graph", "pt2:fx-graph-v1::forward", b"entry of the forward graph")
+    other = Session(Config(store=f"file://{tmp_path / 'store'}"))
+    assert other.get("fx_graph", "pt2:fx-graph-v1::backward") == b"entry of the backward graph"
+    assert other.get("fx_graph", "pt2:fx-graph-v1::forward") == b"entry of the forward graph"
+    share_local_hit(other, "pt2:fx-graph-v1::forward", remote_value, [])
+    mine, theirs = session.stats.as_dict(), other.stats.as_dict()
+    assert (mine["graphs_found_in_local_cache"], mine["graphs_shared_from_local_cache"], len(built)) == (1, 1, 1)
+    assert (theirs["graphs_received"], theirs["graphs_found_in_local_cache"]) == (2, 0)
+    session.close()
+    other.close()
 
 
 def test_warm_rank_publishes_its_local_graphs_and_a_cold_rank_loads_them(job, tmp_path):
