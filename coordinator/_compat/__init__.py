@@ -79,8 +79,10 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   (``split_frames``, ``SplitFrame``, ``chain_position``, ``capture_backward``):
   ``SubmodCompiler.run``/``compile_submod``, ``deepcopy_to_fake_tensor``, a copied
   ``TracingContext``, ``graph_compile._cache_autograd_info``; the module's docstring lists
-  each. Read from the sources of 2.11.0, 2.13.0 and 2.14.1; the tests
-  (``tests/test_split_shares.py``) ran on all three on CPU.
+  each, and the shape environment's put-back. Read from the sources of 2.11.0, 2.13.0 and
+  2.14.1; the tests (``tests/test_split_shares.py``) ran on 2.13.0 and 2.14.1 on CPU (both CI
+  legs), on 2.11.0 on CPU before the put-back (its own test ran there too); on 2.11.0 on 4
+  H100s over NCCL (the N=4 cold-start benchmark).
 * ``precompile``: Dynamo's precompiled functions (``precompiled_functions``,
   ``complete_package``; ``PRECOMPILE_VERSIONS`` lists where it is offered):
   ``torch._dynamo.config.caching_precompile``, ``DynamoCache.load``/``record_package``,
