@@ -121,7 +121,7 @@ def main() -> None:
     import torch.nn as nn
 
     import coordinator
-    from coordinator.stores.c10d import C10dStore
+    from coordinator.protocol.stores.c10d import C10dStore
     from coordinator.testing import GPT
 
     cuda = torch.cuda.is_available()

@@ -45,7 +45,8 @@ from cold_start import gpu_count, machine, write_section  # noqa: E402
 from model_suite_job import MODELS  # noqa: E402
 
 #: Row name -> module run; "traced" is coordinator-run with ``--coordinator-trace`` (``--traced``).
-LAUNCHERS = {"plain": "torch.distributed.run", "coordinator": "coordinator.launcher", "traced": "coordinator.launcher"}
+LAUNCHERS = {"plain": "torch.distributed.run", "coordinator": "coordinator.jobs.launcher",
+             "traced": "coordinator.jobs.launcher"}
 
 
 def run_job(model: str, n: int, launcher: str, args: argparse.Namespace) -> dict:

@@ -51,7 +51,7 @@ def run_job(name: str, model: str, n: int, dirs: dict[str, Path], args: argparse
     ours = name.startswith("ours")
     cache = dirs[name] if name != "stock restart" else dirs["stock cold"]
     out = dirs["work"] / f"{name.replace(' ', '-')}-{model}-n{n}.json"
-    launcher = "coordinator.launcher" if ours else "torch.distributed.run"
+    launcher = "coordinator.jobs.launcher" if ours else "torch.distributed.run"
     cmd = [sys.executable, "-m", launcher, "--standalone", f"--nproc-per-node={n}", str(JOB), "--model", model,
            "--size", args.size, "--steps", str(args.steps), "--json", str(out)]
     if profile:

@@ -9,7 +9,7 @@
 Starts a real server (a TCPStore in a process of its own, or redis-server) on loopback and
 ``--procs`` worker processes that each run N/procs node leaders as threads, one store
 client each (as one leader per node is what node-level fetch leaves). Every leader looks up
-``--graphs`` graphs in turn through :class:`coordinator.singleflight.Singleflight`: the
+``--graphs`` graphs in turn through :class:`coordinator.protocol.singleflight.Singleflight`: the
 first to ask claims the graph, "compiles" it (sleeps ``--compile-s``) and publishes a
 ``--value-bytes`` value; the others wait, and after a graph a leader spends ``--load-s``
 loading it before it looks up the next (without it, leaders woken first would start their
@@ -123,7 +123,7 @@ class Server:
 
 
 def open_client(url: str):
-    from coordinator.stores import open_store
+    from coordinator.protocol.stores import open_store
 
     if url.startswith("tcp://"):
         import torch.distributed as dist
@@ -153,8 +153,8 @@ def recording_store(inner, counter: Counting):
     """``TimedStore`` that also stamps end signals and wake-ups on ``counter``."""
     import contextlib
 
-    from coordinator.singleflight import BEAT, MOVED
-    from coordinator.stores.base import TimedStore, Watch
+    from coordinator.protocol.singleflight import BEAT, MOVED
+    from coordinator.protocol.stores.base import TimedStore, Watch
 
     class Woken(Watch):
         def __init__(self, watch) -> None:
@@ -181,7 +181,7 @@ def recording_store(inner, counter: Counting):
 
 
 def flight_for(url: str, node: int, spec: dict, counter: Counting):
-    from coordinator.singleflight import Owner, Singleflight
+    from coordinator.protocol.singleflight import Owner, Singleflight
 
     owner = Owner(node, socket.gethostname(), os.getpid())
     return Singleflight(recording_store(open_client(url), counter), owner=owner,

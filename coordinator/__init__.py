@@ -5,8 +5,7 @@ store and loads the result instead of compiling. See ``compile_once``.
 """
 
 from coordinator.api import compile_once, enable_from_env, stats
-from coordinator.bundle import broadcast_bundle, fetch_bundle, load_bundle, pack_bundle, read_bundle, save_bundle
-from coordinator.config import CACHE_KINDS, Config
+from coordinator.bundles import broadcast_bundle, fetch_bundle, load_bundle, pack_bundle, read_bundle, save_bundle
 from coordinator.errors import (
     ConfigError,
     CoordinatorError,
@@ -15,8 +14,9 @@ from coordinator.errors import (
     StoreError,
     WaitTimeout,
 )
-from coordinator.fingerprint import environment, fingerprint
-from coordinator.stores import Store, open_store
+from coordinator.protocol.fingerprint import environment, fingerprint
+from coordinator.protocol.stores import Store, open_store
+from coordinator.settings import CACHE_KINDS, Config
 
 __all__ = [
     "CACHE_KINDS",

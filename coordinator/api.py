@@ -25,11 +25,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from coordinator import session as session_module
-from coordinator.config import Config, parse_flag
 from coordinator.errors import ConfigError
 from coordinator.inductor import route_caches
-from coordinator.logs import parse_level, show_coordinator_logs
+from coordinator.observe.logs import parse_level, show_coordinator_logs
 from coordinator.session import Session
+from coordinator.settings import Config, parse_flag
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def enable_from_env() -> bool:
     (Inductor's compile workers and CPU-feature probes, data-loader workers) do not
     enter ``compile_once`` too: they share no graphs, and importing the coordinator
     would add seconds to each one's start. The ``coordinator`` logger's lines are shown
-    at ``COORDINATOR_LOG_LEVEL`` (default ``INFO``; see ``coordinator.logs``).
+    at ``COORDINATOR_LOG_LEVEL`` (default ``INFO``; see ``coordinator.observe.logs``).
 
     Returns:
         True if it was switched on.
@@ -129,7 +129,7 @@ def enable_from_env() -> bool:
 
 
 def _save_bundle_at_exit(url: str, name: str) -> None:
-    from coordinator.bundle import save_bundle
+    from coordinator.bundles import save_bundle
 
     try:
         save_bundle(url, name=name)

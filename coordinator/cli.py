@@ -15,10 +15,10 @@ verifies and installs into this machine's Inductor cache dir (once per node), or
 ``--out`` only downloads the verified bytes. The secret comes from
 ``COORDINATOR_SECRET``. ``copy`` publishes every verified bundle of one store to another.
 Exit status: 0 on success, 1 on a refused or missing bundle, 2 on bad usage.
-``slurm prolog|epilog`` are SLURM's node hooks (see ``coordinator.slurm``); they always
+``slurm prolog|epilog`` are SLURM's node hooks (see ``coordinator.jobs.slurm``); they always
 exit 0. ``report`` merges the rank traces a job wrote with ``--coordinator-trace DIR`` into
 one Chrome trace and a picture in ``DIR``, and prints a table per rank and any warnings
-(see ``coordinator.report``); exit status 1 when ``DIR`` holds no trace.
+(see ``coordinator.observe.report``); exit status 1 when ``DIR`` holds no trace.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ import json
 import sys
 from datetime import timedelta
 
-from coordinator import bundle as bundles
+from coordinator import bundles
 from coordinator.errors import CoordinatorError
-from coordinator.fingerprint import fingerprint
+from coordinator.protocol.fingerprint import fingerprint
 
 
 def _read_source(source: str, name: str) -> bytes:
     if "://" in source:
-        from coordinator.stores import open_store
+        from coordinator.protocol.stores import open_store
 
         blob = open_store(source).get(bundles.bundle_key(name))
         if blob is None:
@@ -70,7 +70,7 @@ def _bundle_command(args: argparse.Namespace) -> int:
         described["bytes"] = len(blob)
         print(json.dumps(described, indent=2, default=str))
     elif args.action == "ls":
-        from coordinator.stores import open_store
+        from coordinator.protocol.stores import open_store
 
         store = open_store(args.url)
         keys = store.list_keys("bundles/")
@@ -80,7 +80,7 @@ def _bundle_command(args: argparse.Namespace) -> int:
         if not keys:
             print(f"no bundles in {args.url}")
     elif args.action == "rm":
-        from coordinator.stores import open_store
+        from coordinator.protocol.stores import open_store
 
         open_store(args.url).delete(bundles.bundle_key(args.name))
         print(f"removed {bundles.bundle_key(args.name)}")
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _report_command(args: argparse.Namespace) -> int:
-    from coordinator.report import write_report
+    from coordinator.observe.report import write_report
 
     try:
         report = write_report(args.dir, picture=not args.no_picture)
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "slurm":
         import logging
 
-        from coordinator import slurm
+        from coordinator.jobs import slurm
 
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
         return slurm.prolog() if args.hook == "prolog" else slurm.epilog()

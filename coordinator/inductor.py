@@ -9,7 +9,7 @@ exit. Inductor keeps doing what it does on any remote hit: emit bundled Triton
 kernels, extend NCCL timeouts; and we keep the FX graphs of remote hits in its local
 cache, which it does not do itself (``_compat.fx_graph_lookups``), so a repeated graph
 is received once. FX graphs Inductor serves from its local cache are shared
-(``coordinator.local_hits``), and Triton kernels tuning at their first
+(``coordinator.features.local_hits``), and Triton kernels tuning at their first
 launch too (``_compat.triton_tuning_hooks``). Reads of the rank are reported to the
 session (``_compat.rank_reads``), which never shares a graph compiled while the rank was
 read; and Inductor's switches that run collectives inside a compile are off
@@ -19,12 +19,12 @@ An FX entry bundles only the Triton kernels its code launches, not every choice 
 selection benchmarked (``_compat.bundles_of_final_kernels``). Backward graphs AOTAutograd
 defers to the first backward call are reported to the session
 (``_compat.deferred_backwards``), whose rank compiles them while it waits for another
-rank's graph (``coordinator.early_backward``). The graphs DDPOptimizer splits out of a
+rank's graph (``coordinator.features.early_backward``). The graphs DDPOptimizer splits out of a
 DDP model, which AOTAutograd's cache bypasses, are saved to it and served from it
 (``_compat.cached_split_graphs``), so a restart skips AOTAutograd for them too, and the ranks
-compile a share each of every split frame before its chain (``coordinator.split_shares``). With
+compile a share each of every split frame before its chain (``coordinator.features.split_shares``). With
 ``precompile`` on, whole compiled functions are shared and installed without tracing
-(``coordinator.precompiled``). On a GPU, Triton's driver utilities are built in the background
+(``coordinator.features.precompiled``). On a GPU, Triton's driver utilities are built in the background
 as the session starts (``_compat.warm_driver_utilities``), not at the first kernel load.
 """
 
@@ -36,8 +36,8 @@ import logging
 from collections.abc import Callable, Iterator
 
 from coordinator import _compat
-from coordinator.local_hits import share_local_hit
-from coordinator.precompiled import PrecompiledFunctions
+from coordinator.features.local_hits import share_local_hit
+from coordinator.features.precompiled import PrecompiledFunctions
 from coordinator.session import Session
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def _backend_class(session: Session, kind: str) -> type:
     def _get(self, key: str) -> bytes | None:
         try:
             return session.get(kind, key)
-        except _compat.SkipCompile:  # ends an early compile (``coordinator.early_backward``)
+        except _compat.SkipCompile:  # ends an early compile (``coordinator.features.early_backward``)
             raise
         except Exception:  # never let the coordinator fail a compile
             log.warning("compile_once: %s lookup failed; compiling locally", kind, exc_info=True)

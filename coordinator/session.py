@@ -2,10 +2,10 @@
 
 A :class:`Session` routes Inductor cache reads and writes (:meth:`Session.get`,
 :meth:`Session.put`) to singleflight lookups and publishes, and each concept to its
-module: the node's copy (``coordinator.node``), sealing (``coordinator.integrity``),
-kernels that travel with entries (``coordinator.artifacts``), graphs whose code depends
-on the rank (``coordinator.rank_dependence``), local hits shared with cold ranks
-(``coordinator.local_hits``), backward graphs compiled early (``coordinator.early_backward``),
+module: the node's copy (``coordinator.protocol.node``), sealing (``coordinator.protocol.integrity``),
+kernels that travel with entries (``coordinator.features.artifacts``), graphs whose code depends
+on the rank (``coordinator.features.rank_dependence``), local hits shared with cold ranks
+(``coordinator.features.local_hits``), backward graphs compiled early (``coordinator.features.early_backward``),
 and the rules of each cache kind (``_compat.CACHE_KINDS``). It opens its store lazily, at
 the first cache access: the training script usually enters ``compile_once`` before or
 right after ``init_process_group``, and the default store exists only after it. A value
@@ -25,21 +25,21 @@ import time
 from typing import Any
 
 from coordinator import _compat
-from coordinator.artifacts import ShippedKernels
-from coordinator.config import Config
-from coordinator.early_backward import EarlyBackwards
 from coordinator.errors import ConfigError, IntegrityError, StoreError
-from coordinator.fingerprint import key_prefix, warn_if_device_indices_differ
-from coordinator.integrity import open_sealed, seal
-from coordinator.node import NodeCache
-from coordinator.rank_dependence import RankDependence
-from coordinator.singleflight import LookupResult, Owner, Singleflight
-from coordinator.split_shares import SplitShares
-from coordinator.stats import Stats
-from coordinator.stores import open_store
-from coordinator.stores.base import TimedStore
-from coordinator.trace import open_events, short_key
-from coordinator.tuning_steps import TuningSteps
+from coordinator.features.artifacts import ShippedKernels
+from coordinator.features.early_backward import EarlyBackwards
+from coordinator.features.rank_dependence import RankDependence
+from coordinator.features.split_shares import SplitShares
+from coordinator.features.tuning_steps import TuningSteps
+from coordinator.observe.stats import Stats
+from coordinator.observe.trace import open_events, short_key
+from coordinator.protocol.fingerprint import key_prefix, warn_if_device_indices_differ
+from coordinator.protocol.integrity import open_sealed, seal
+from coordinator.protocol.node import NodeCache
+from coordinator.protocol.singleflight import LookupResult, Owner, Singleflight
+from coordinator.protocol.stores import open_store
+from coordinator.protocol.stores.base import TimedStore
+from coordinator.settings import Config
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class Session:
 
     def _follow_share(self, flight: Singleflight, kind: str, key: str, result: LookupResult) -> LookupResult:
         """A split frame's chain found no AOTAutograd entry: wait while another rank
-        compiles that submodule for the job (``coordinator.split_shares``), then look again."""
+        compiles that submodule for the job (``coordinator.features.split_shares``), then look again."""
         position = _compat.chain_position()
         if position is None or not self.config.concurrent_splits:
             return result

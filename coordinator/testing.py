@@ -78,7 +78,7 @@ def open_test_store(spec: str):
     """A coordinator store from a URL, or from ``tcp://host:port`` (a client of a running TCPStore)."""
     from datetime import timedelta
 
-    from coordinator.stores import open_store
+    from coordinator.protocol.stores import open_store
 
     if spec.startswith("tcp://"):
         import torch.distributed as dist

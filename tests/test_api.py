@@ -197,7 +197,7 @@ def test_reads_of_the_rank_are_reported_except_for_logging(tmp_path):
 
 
 def test_the_summary_is_one_short_line_and_the_details_go_to_debug():
-    from coordinator.stats import Stats
+    from coordinator.observe.stats import Stats
 
     stats = Stats(rank=65535)
     stats.store, stats.store_failed = "rediss", True
@@ -221,8 +221,8 @@ def test_the_summary_is_one_short_line_and_the_details_go_to_debug():
 def test_a_store_that_cannot_be_opened_still_counts_what_the_rank_compiled(tmp_path, caplog):
     """A store that fails at open (here a directory that cannot be made) means local
     compiles; the summary counts them and names the store, failed."""
-    from coordinator.config import Config
     from coordinator.session import Session
+    from coordinator.settings import Config
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -11,7 +11,7 @@ from conftest import WITH_PROBES, require_success
 
 import coordinator
 from coordinator import EnvironmentMismatch, IntegrityError
-from coordinator.bundle import build_bundle, bundle_key, read_bundle
+from coordinator.bundles import build_bundle, bundle_key, read_bundle
 
 UNIQUE_GRAPHS = 2
 # A restored rank runs no compiler at all: no precompiled header, no ISA probe (the bundle

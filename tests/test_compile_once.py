@@ -77,7 +77,7 @@ def test_a_repeated_graph_is_received_once_then_loaded_from_the_local_cache(job)
     # store. The ranks may take turns compiling; either way each graph crosses once.
     # Backward graphs compiled early (by a rank that waits, so at some runs only) are one
     # more lookup each, of a graph counted here once: off, so that the lookups are exact;
-    # and so are shares of the split frame (coordinator.split_shares: each compiles its
+    # and so are shares of the split frame (coordinator.features.split_shares: each compiles its
     # graphs out of the chain, which then loads them through their AOTAutograd entries).
     results = job(2, {"model": "repeated", "ddp": True, "bucket_cap_mb": 1, "steps": 1},
                   env={"COORDINATOR_EARLY_BACKWARD": "0", "COORDINATOR_CONCURRENT_SPLITS": "0"})

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 from coordinator import Config, ConfigError
-from coordinator.config import DEFAULT_CACHES
+from coordinator.settings import DEFAULT_CACHES
 
 
 def test_defaults(monkeypatch):
@@ -144,7 +144,7 @@ def test_compile_once_accepts_every_setting_the_readme_lists(tmp_path, monkeypat
     import dataclasses
 
     import coordinator
-    from coordinator.config import _ENV
+    from coordinator.settings import _ENV
 
     listed = _readme_settings()
     assert listed == _ENV  # the README lists every setting, under its variable
@@ -178,7 +178,7 @@ def test_every_cache_kind_is_complete():
     import torch._inductor.remote_cache as remote_cache
 
     from coordinator import _compat
-    from coordinator.config import CACHE_KINDS
+    from coordinator.settings import CACHE_KINDS
 
     assert CACHE_KINDS == tuple(_compat.CACHE_KINDS) and set(DEFAULT_CACHES) <= set(CACHE_KINDS)
     for name, kind in _compat.CACHE_KINDS.items():

@@ -1,4 +1,4 @@
-"""Backward graphs compiled early by the ranks that wait (``coordinator.early_backward``).
+"""Backward graphs compiled early by the ranks that wait (``coordinator.features.early_backward``).
 
 Real jobs: one process per rank, gloo, the job's TCPStore (or a TCPStore the test hosts
 for the fault cases, or a Redis server the test kills). Each compile sleeps a little (the

@@ -19,7 +19,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 @pytest.mark.parametrize("launcher", [
     "torch.distributed.run",
     # The launcher's own tests are protocol tests: CI runs them on one torch.
-    pytest.param("coordinator.launcher", marks=pytest.mark.protocol),
+    pytest.param("coordinator.jobs.launcher", marks=pytest.mark.protocol),
 ])
 @pytest.mark.parametrize(
     "script, args",
@@ -37,7 +37,7 @@ def test_example_compiles_each_graph_once(tmp_path, launcher, script, args):
         env=env, capture_output=True, text=True, timeout=240,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    if launcher == "coordinator.launcher":  # one session per worker: the launcher's, which the script joined
+    if launcher == "coordinator.jobs.launcher":  # one session per worker: the launcher's, which the script joined
         for rank in (0, 1):
             assert result.stderr.count(f"compile_once rank {rank}: ") == 1, result.stderr[-3000:]
     if script == "train.py":

@@ -11,8 +11,14 @@ import pytest
 from conftest import require_success
 
 from coordinator import Config, IntegrityError
-from coordinator.fingerprint import describe_difference, environment, fingerprint, key_prefix, secret_fingerprint
-from coordinator.integrity import open_sealed, seal
+from coordinator.protocol.fingerprint import (
+    describe_difference,
+    environment,
+    fingerprint,
+    key_prefix,
+    secret_fingerprint,
+)
+from coordinator.protocol.integrity import open_sealed, seal
 from coordinator.session import Session
 
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import machine_env
 from torch.distributed.run import get_args_parser
 
-from coordinator.launcher import (
+from coordinator.jobs.launcher import (
     OPTIONS,
     asks_for_help,
     one_gpu_per_worker,
@@ -70,9 +70,9 @@ def test_unknown_coordinator_option_is_an_error():
 
 @pytest.mark.parametrize("args", [["--help"], ["-h"], ["--standalone", "--nproc-per-node", "2", "--help"]])
 def test_help_shows_our_options_and_variables_once_then_torchruns_help_once(tmp_path, args):
-    from coordinator.config import _ENV
+    from coordinator.settings import _ENV
 
-    result = run(["coordinator.launcher"], args, tmp_path)
+    result = run(["coordinator.jobs.launcher"], args, tmp_path)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     ours, _, theirs = result.stdout.partition("torchrun's help:")
     lines = ours.splitlines()
@@ -122,7 +122,7 @@ def test_ranks_on_different_device_indices_are_told_the_exact_launch_flag(monkey
     with rank 0, and the warning names the flags that fix it."""
     import torch
 
-    from coordinator.fingerprint import warn_if_device_indices_differ
+    from coordinator.protocol.fingerprint import warn_if_device_indices_differ
 
     class Store(dict):
         def set(self, key, value):
@@ -142,7 +142,7 @@ def test_ranks_on_different_device_indices_are_told_the_exact_launch_flag(monkey
 @pytest.mark.protocol
 def test_exit_code_matches_torchrun(tmp_path):
     args = ["--standalone", "--nproc-per-node", "2", PLAIN, str(tmp_path), "--fail", "3"]
-    ours = run(["coordinator.launcher"], args, tmp_path)
+    ours = run(["coordinator.jobs.launcher"], args, tmp_path)
     theirs = run(["torch.distributed.run"], args, tmp_path)
     assert ours.returncode == theirs.returncode != 0
     assert "exitcode  : 3" in ours.stderr
@@ -152,7 +152,7 @@ def test_script_without_coordinator_compiles_each_graph_once(tmp_path):
     out = tmp_path / "reports"
     out.mkdir()
     store = f"file://{tmp_path / 'store'}"
-    result = run(["coordinator.launcher"], ["--coordinator-store", store, "--standalone", "--nproc-per-node", "3",
+    result = run(["coordinator.jobs.launcher"], ["--coordinator-store", store, "--standalone", "--nproc-per-node", "3",
                                             PLAIN, str(out)], tmp_path,
                  env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "node-cache")})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -172,7 +172,7 @@ def test_processes_a_worker_starts_do_not_enter_compile_once(tmp_path):
     must not import torch and the coordinator at their start, as the worker itself does."""
     out = tmp_path / "reports"
     out.mkdir()
-    result = run(["coordinator.launcher"], ["--coordinator-log-level", "WARNING", "--standalone",
+    result = run(["coordinator.jobs.launcher"], ["--coordinator-log-level", "WARNING", "--standalone",
                                             "--nproc-per-node", "1", PLAIN, str(out)], tmp_path,
                  env={"PYTHONPATH": "/users/own/path"})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -185,7 +185,7 @@ def test_processes_a_worker_starts_do_not_enter_compile_once(tmp_path):
 def test_bad_log_level_fails_before_any_worker_starts(tmp_path):
     out = tmp_path / "reports"
     out.mkdir()
-    result = run(["coordinator.launcher"], ["--coordinator-log-level", "LOUD", "--standalone", "--nproc-per-node",
+    result = run(["coordinator.jobs.launcher"], ["--coordinator-log-level", "LOUD", "--standalone", "--nproc-per-node",
                                             "1", PLAIN, str(out)], tmp_path)
     assert result.returncode != 0
     assert "--coordinator-log-level LOUD: expected one of DEBUG, INFO, WARNING, ERROR" in result.stderr
@@ -203,7 +203,7 @@ def test_bad_log_level_fails_before_any_worker_starts(tmp_path):
 def test_invalid_settings_fail_before_any_worker_starts(tmp_path, args, env, message):
     out = tmp_path / "reports"
     out.mkdir()
-    result = run(["coordinator.launcher"], [*args, "--standalone", "--nproc-per-node", "1", PLAIN, str(out)],
+    result = run(["coordinator.jobs.launcher"], [*args, "--standalone", "--nproc-per-node", "1", PLAIN, str(out)],
                  tmp_path, env=env)
     assert result.returncode == 1
     assert f"coordinator-run: {message}" in result.stderr, result.stderr[-2000:]
@@ -218,7 +218,7 @@ def test_save_bundle_at_exit_then_restore_once_per_node(tmp_path):
     for job, flag in (("cold", "--coordinator-save-bundle"), ("warm", "--coordinator-restore")):
         out = tmp_path / job
         out.mkdir()
-        result = run(["coordinator.launcher"], [flag, bundles, "--coordinator-bundle-name", "mlp", "--standalone",
+        result = run(["coordinator.jobs.launcher"], [flag, bundles, "--coordinator-bundle-name", "mlp", "--standalone",
                                                 "--nproc-per-node", "2", PLAIN, str(out)], tmp_path,
                      env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"node-cache-{job}")})
         assert result.returncode == 0, result.stderr[-3000:]
@@ -233,7 +233,7 @@ def test_save_bundle_at_exit_then_restore_once_per_node(tmp_path):
 
 @pytest.mark.protocol
 def test_restore_from_an_unreachable_store_does_not_fail(tmp_path, caplog, monkeypatch):
-    from coordinator.launcher import restore
+    from coordinator.jobs.launcher import restore
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     with socket.socket() as s:

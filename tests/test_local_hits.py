@@ -17,7 +17,7 @@ import torch
 from conftest import require_success
 
 from coordinator import Config
-from coordinator.local_hits import share_local_hit
+from coordinator.features.local_hits import share_local_hit
 from coordinator.session import Session
 
 UNIQUE_GRAPHS = 2  # forward and backward

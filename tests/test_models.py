@@ -28,7 +28,7 @@ def test_every_graph_is_compiled_once_across_ranks(model, tmp_path):
     out = tmp_path / "result.json"
     env = dict(os.environ, **machine_env(tmp_path), PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [sys.executable, "-m", "coordinator.launcher", "--standalone", "--nproc-per-node", "2", str(JOB),
+        [sys.executable, "-m", "coordinator.jobs.launcher", "--standalone", "--nproc-per-node", "2", str(JOB),
          "--model", model, "--size", "tiny", "--steps", "2", "--cache-per-rank", "--json", str(out)],
         env=env, capture_output=True, text=True, timeout=280,
     )

@@ -1,4 +1,4 @@
-"""Precompiled functions shared through the store (``coordinator.precompiled``).
+"""Precompiled functions shared through the store (``coordinator.features.precompiled``).
 
 Real jobs: one process per rank, gloo, a ``file://`` store the jobs share; a restart is
 a later job on the same store with empty Inductor cache dirs and ``precompile`` on. The

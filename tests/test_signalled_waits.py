@@ -13,8 +13,8 @@ from datetime import timedelta
 
 import pytest
 
-from coordinator.singleflight import Owner, Singleflight
-from coordinator.stores.base import TimedStore
+from coordinator.protocol.singleflight import Owner, Singleflight
+from coordinator.protocol.stores.base import TimedStore
 from coordinator.testing import open_test_store
 
 pytestmark = pytest.mark.protocol
@@ -23,7 +23,7 @@ CLAIMANT = """
 import sys, time, json
 from datetime import timedelta
 from coordinator.testing import open_test_store
-from coordinator.singleflight import Owner, Singleflight
+from coordinator.protocol.singleflight import Owner, Singleflight
 
 spec = json.loads(sys.argv[1])
 f = Singleflight(open_test_store(spec["store"]), owner=Owner.this_process(9), lease=timedelta(seconds=spec["lease"]),
@@ -175,7 +175,7 @@ class CallLog(TimedStore):
 def test_the_end_signal_carries_a_small_value(store_spec, size):
     """A value up to INLINE_VALUE_BYTES comes with the wake-up: the waiter makes no store call
     after it. A larger one is read from the store right after the wake-up, once."""
-    from coordinator.singleflight import INLINE_VALUE_BYTES
+    from coordinator.protocol.singleflight import INLINE_VALUE_BYTES
 
     assert 100 <= INLINE_VALUE_BYTES < 200_000
     kind, url = store_spec

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from coordinator.singleflight import Owner, Singleflight
+from coordinator.protocol.singleflight import Owner, Singleflight
 
 pytestmark = pytest.mark.protocol
 
@@ -241,7 +241,7 @@ def test_killed_owner_is_taken_over_once(tmp_path):
     url = f"file://{tmp_path}"
     code = (
         "import time, sys; from datetime import timedelta; from coordinator import open_store;"
-        "from coordinator.singleflight import Singleflight, Owner;"
+        "from coordinator.protocol.singleflight import Singleflight, Owner;"
         f"f = Singleflight(open_store({url!r}), owner=Owner.this_process(9), lease=timedelta(seconds=1),"
         " wait_timeout=timedelta(seconds=30), progress_interval=timedelta(seconds=1));"
         "assert f.lookup('k', blocking=True).outcome == 'claimed'; print('claimed', flush=True); time.sleep(600)"
@@ -286,7 +286,7 @@ def test_stale_claim_from_a_dead_job_is_taken_over(tmp_path):
 
 
 def test_store_failure_means_compile_locally(redis_server):
-    from coordinator.stores.redis import RedisStore
+    from coordinator.protocol.stores.redis import RedisStore
 
     f = flight(RedisStore(redis_server.url, timeout=timedelta(seconds=1)), 0)
     assert f.lookup("k", blocking=True).outcome == "claimed"
@@ -298,7 +298,7 @@ def test_store_failure_means_compile_locally(redis_server):
 
 def test_node_lock_is_exclusive_and_bounded(tmp_path):
     from coordinator.errors import WaitTimeout
-    from coordinator.node import NodeCache
+    from coordinator.protocol.node import NodeCache
 
     a, b = NodeCache(str(tmp_path)), NodeCache(str(tmp_path))
     got = []

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import machine_env
 
-from coordinator.fingerprint import fingerprint, secret_fingerprint
-from coordinator.slurm import job_settings, parse_comment, read_settings_file
+from coordinator.jobs.slurm import job_settings, parse_comment, read_settings_file
+from coordinator.protocol.fingerprint import fingerprint, secret_fingerprint
 
 pytestmark = pytest.mark.protocol
 
@@ -255,7 +255,7 @@ def test_the_documented_settings_restore_what_the_last_job_saved(tmp_path):
     first.mkdir()
     second.mkdir()  # each node's /tmp exists before its Prolog runs
     assert "no bundle to restore yet" in hook("prolog", "1", first)
-    cold = tasks("coordinator.launcher", first, tmp_path / "cold", 2, COORDINATOR_BUNDLE_NAME="mlp",
+    cold = tasks("coordinator.jobs.launcher", first, tmp_path / "cold", 2, COORDINATOR_BUNDLE_NAME="mlp",
                  COORDINATOR_SAVE_BUNDLE="outbox", COORDINATOR_SECRET="site-secret")
     assert sum(r.get("fxgraph_cache_miss", 0) for r in cold) == 2
     assert (first / f"torchinductor_{getpass.getuser()}" / "coordinator-outbox").is_dir()

@@ -1,4 +1,4 @@
-"""Each rank compiles a share of every frame DDPOptimizer splits (``coordinator.split_shares``).
+"""Each rank compiles a share of every frame DDPOptimizer splits (``coordinator.features.split_shares``).
 
 Real jobs: one process per rank, gloo, DDP with 1 MB buckets (DDPOptimizer splits the
 model's graph at each), a ``file://`` store. Two steps: batch 8, then batch 12 (a
@@ -14,7 +14,7 @@ import torch
 from conftest import require_success
 
 from coordinator import Config
-from coordinator.split_shares import deal
+from coordinator.features.split_shares import deal
 
 OPTIONS = {"ddp": True, "bucket_cap_mb": 1, "shapes": [8, 12], "record_split": True}
 

@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 
 from coordinator import ConfigError, StoreError, open_store
-from coordinator.stores.base import TimedStore
-from coordinator.stores.c10d import C10dStore
-from coordinator.stores.redis import RedisStore
+from coordinator.protocol.stores.base import TimedStore
+from coordinator.protocol.stores.c10d import C10dStore
+from coordinator.protocol.stores.redis import RedisStore
 
 pytestmark = pytest.mark.protocol
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from conftest import require_success, run_job
 
-from coordinator.node import file_lock
-from coordinator.report import load_traces, write_report
+from coordinator.observe.report import load_traces, write_report
+from coordinator.protocol.node import file_lock
 
 
 def shared_job(tmp_path_factory, worker_id, name: str, run) -> Path:

@@ -20,7 +20,12 @@ from types import SimpleNamespace
 import pytest
 
 from coordinator import Config, _compat
-from coordinator.artifacts import ShippedKernels, collect_triton_modules, emit_triton_kernels, read_triton_kernel
+from coordinator.features.artifacts import (
+    ShippedKernels,
+    collect_triton_modules,
+    emit_triton_kernels,
+    read_triton_kernel,
+)
 from coordinator.session import Session
 
 
@@ -105,7 +110,7 @@ def tuning(tmp_path, monkeypatch):
     store = leader.flight().store
 
     def published(name: str) -> dict | None:
-        from coordinator.integrity import open_sealed
+        from coordinator.protocol.integrity import open_sealed
 
         blob = store.get(f"v/{leader.store_key('autotune', name)}")
         return None if blob is None else open_sealed(leader.store_key("autotune", name), blob)
@@ -152,7 +157,7 @@ def test_a_library_still_being_built_never_travels_nor_lands(tmp_path, caplog):
     import subprocess
     import time
 
-    from coordinator.artifacts import collect_kernels, complete_library, emit_kernels, read_kernels
+    from coordinator.features.artifacts import collect_kernels, complete_library, emit_kernels, read_kernels
 
     (tmp_path / "k.c").write_text("int kernel(int x) { return x + 1; }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "k.so"), str(tmp_path / "k.c")], check=True)
@@ -320,7 +325,7 @@ def test_a_kernel_is_tuned_once_and_the_next_rank_runs_its_config(tmp_path, monk
 
         th.CachingAutotuner.autotune_to_one_config(kernel)  # its first launch here: tuned and published
         assert searched == ["triton_poi_fused_0"] and not session.flight().holds_claims()
-        from coordinator.integrity import open_sealed
+        from coordinator.protocol.integrity import open_sealed
 
         best = json.loads(open_sealed(key, session.flight().store.get(f"v/{key}")).payload)
         assert best["XBLOCK"] == 128 and best["num_warps"] == 4
@@ -386,7 +391,7 @@ def test_a_config_found_in_this_ranks_cache_is_shared_under_the_key_a_loader_loo
         remote, key = alias.remote_cache
         alias_key = leader.store_key("autotune", remote._get_key(key))
         assert alias_key != first.store_key(leader)
-        from coordinator.integrity import open_sealed
+        from coordinator.protocol.integrity import open_sealed
 
         blob = leader.flight().store.get(f"v/{alias_key}")
         assert blob is not None  # published under the key of the one-config list too

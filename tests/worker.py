@@ -36,7 +36,7 @@ Options:
     first_compiler: "die" | "slow:<seconds>" — what the first process to compile the
         first graph does (decided through a marker file, so exactly one does it);
         "die_early" — the first process to compile a backward graph early
-        (``coordinator.early_backward``) dies in it; "die_at:<n>" — the process that
+        (``coordinator.features.early_backward``) dies in it; "die_at:<n>" — the process that
         runs the job's n-th compile (early backward compiles not counted) dies in it;
         "kill_at:<n>:<pid>" — that process kills process ``pid`` (a store server) and
         goes on

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import coordinator  # noqa: E402
-from coordinator.bundle import broadcast_bytes, build_bundle, read_bundle  # noqa: E402
+from coordinator.bundles import broadcast_bytes, build_bundle, read_bundle  # noqa: E402
 from coordinator.testing import GPT, count_triton_compiles  # noqa: E402
 
 triton_compiles = count_triton_compiles()

@@ -23,8 +23,8 @@ from pathlib import Path
 #: (OWN_WORK is told apart by :func:`coordinator_own`).
 OWN_WORK = "coordinator's own work (hooks, packing, loading)"
 PHASES = [
-    ("coordinator store calls", ["coordinator/stores/"]),
-    ("coordinator waits for another rank", ["_wait (coordinator/singleflight.py"]),
+    ("coordinator store calls", ["coordinator/protocol/stores/"]),
+    ("coordinator waits for another rank", ["_wait (coordinator/protocol/singleflight.py"]),
     ("imports", ["_find_and_load"]),
     (OWN_WORK, []),
     ("C++ kernel compile (gcc, in this process)", ["cpp_builder.py"]),

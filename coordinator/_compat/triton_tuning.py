@@ -155,7 +155,7 @@ class TritonTuningHooks:
     A kernel with several configs searches them (``CachingAutotuner.autotune_to_one_config``)
     and, where coordinate descent is on, then descends from the winner
     (``coordinate_descent_tuning``); both run in ``CachingAutotuner.run`` at the first
-    launch. The step (``step()``, :meth:`coordinator.tuning_steps.TuningSteps.step`) opens
+    launch. The step (``step()``, :meth:`coordinator.features.tuning_steps.TuningSteps.step`) opens
     before the search (or before the descent, for a kernel with one config) and closes
     after the last of them. At its start the kernel's autotune key is looked up: a config
     another rank published is adopted (:func:`adopt_config`) instead of tuning; while
@@ -335,7 +335,7 @@ def _publish_descent(kernel: Any, winner: Any, descended: Callable[[dict[str, by
             files: dict[str, bytes] = {}
             kernel_hash = getattr(winner, "cache_hash", None)
             if kernel_hash:
-                from coordinator.artifacts import read_triton_kernel
+                from coordinator.features.artifacts import read_triton_kernel
 
                 device = kernel.triton_meta.get("device", 0)
                 files = read_triton_kernel(os.path.join(triton_cache_dir(device), kernel_hash))

@@ -57,8 +57,8 @@ from collections.abc import Callable
 from typing import Any
 
 from coordinator import _compat
-from coordinator.singleflight import Singleflight
-from coordinator.trace import NO_EVENTS, NoEvents, short_key
+from coordinator.observe.trace import NO_EVENTS, NoEvents, short_key
+from coordinator.protocol.singleflight import Singleflight
 
 log = logging.getLogger(__name__)
 

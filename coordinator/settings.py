@@ -206,7 +206,7 @@ class Config:
     early_backward: bool = True
     """A rank that waits for another rank's FX graph first compiles the backward graphs
     it already knows, which AOTAutograd would compile one by one at the first backward
-    pass (``coordinator.early_backward``)."""
+    pass (``coordinator.features.early_backward``)."""
 
     cache_ddp_graphs: bool = True
     """Serve the graphs DDPOptimizer splits out of a DDP model from AOTAutograd's cache,
@@ -218,12 +218,12 @@ class Config:
     """When DDPOptimizer splits a frame of a DDP model into one graph per bucket, the ranks
     compile a share of its graphs each, at the same time, before the chain that compiles
     them one after another, and the chain loads what the others compiled
-    (``coordinator.split_shares``). Needs ``cache_ddp_graphs`` and more than one rank."""
+    (``coordinator.features.split_shares``). Needs ``cache_ddp_graphs`` and more than one rank."""
 
     precompile: bool = False
     """Share each compiled function's precompiled form (Dynamo's caching precompile):
     ranks and later jobs that find it install the function before its first call and
-    skip Dynamo's tracing for it (``coordinator.precompiled``). Only on the torch
+    skip Dynamo's tracing for it (``coordinator.features.precompiled``). Only on the torch
     versions it was checked on. Off by default: while on, torch drops some guards
     (``ID_MATCH``, ``CLOSURE_MATCH``, ``WEAKREF_ALIVE``, ``DICT_VERSION``) from every
     compile of the process, and a model whose frames torch cannot package (HF layers
@@ -231,7 +231,7 @@ class Config:
 
     trace_dir: Path | None = None
     """Write this rank's coordinator events (claims, compiles, waits, receives) as Chrome
-    trace JSON into this directory, for ``coordinator report`` (``coordinator.trace``)."""
+    trace JSON into this directory, for ``coordinator report`` (``coordinator.observe.trace``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.secret, str):
@@ -260,7 +260,7 @@ class Config:
         if self.trace_dir is not None and self.trace_dir.exists() and not self.trace_dir.is_dir():
             raise self._invalid("trace_dir", "exists and is not a directory")
         if isinstance(self.store, str):
-            from coordinator.stores import check_store_url
+            from coordinator.protocol.stores import check_store_url
 
             try:
                 check_store_url(self.store)
@@ -269,7 +269,7 @@ class Config:
         elif self.store is not None:
             import torch.distributed as dist
 
-            from coordinator.stores import Store
+            from coordinator.protocol.stores import Store
 
             if not isinstance(self.store, (Store, dist.Store)):
                 raise self._invalid("store", f"cannot use {type(self.store).__name__} as a store; give a URL, "

@@ -1,6 +1,6 @@
 """A rank's coordinator events on a timeline: claims, compiles, waits, receives.
 
-Every event a session emits is counted: its :class:`~coordinator.stats.Stats` reads the
+Every event a session emits is counted: its :class:`~coordinator.observe.stats.Stats` reads the
 same events (``Stats.count``) that ``coordinator report`` reads back from the trace, so the
 rank's summary and the report count the same things the same way. Writing them is off by
 default. A session writes events when its ``trace_dir`` is set (``COORDINATOR_TRACE``,
@@ -11,7 +11,7 @@ in a test) hold :data:`NO_EVENTS`, whose methods do nothing.
 * ``trace_dir``: each process writes ``DIR/rank<R>-<pid>.json``, Chrome trace events (a JSON
   array, one event per line, flushed as it goes: a job that hangs or is killed still leaves
   a file that Perfetto and ``coordinator report`` read; the closing bracket is optional in
-  the format). ``coordinator report DIR`` merges the ranks (``coordinator.report``).
+  the format). ``coordinator report DIR`` merges the ranks (``coordinator.observe.report``).
 * ``TORCH_TRACE``: the same events go into torch's structured trace
   (``_compat.emit_structured``), so tlparse shows them on each rank's page and in its
   timeline beside Dynamo's and Inductor's own.
@@ -37,7 +37,7 @@ rejected           i      key, why
 early backward     X      outcome (compiled, skipped, failed)
 share              X      key (the slot, ``split_share/<digest>``), index, outcome (compiled,
                           skipped, failed): a submodule of a split frame this rank compiled
-                          for the job (``coordinator.split_shares``)
+                          for the job (``coordinator.features.split_shares``)
 timeout extension  i      seconds
 store lost         i      error
 step               i      n: a ``torch.optim`` optimizer's step returned (the first three,

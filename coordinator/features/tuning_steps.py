@@ -15,7 +15,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
-from coordinator.singleflight import Singleflight
+from coordinator.protocol.singleflight import Singleflight
 
 
 class TuningSteps:

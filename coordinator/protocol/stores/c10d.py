@@ -11,7 +11,7 @@ TCPStore's libuv server (the default since torch 2.4) refuses any message over 8
 and drops the connection, which is also the process group's. An FX-graph entry with
 bundled Triton kernels easily exceeds that (max-autotune bundles every candidate), so
 values above ``CHUNK_BYTES`` are written as chunks and a manifest
-(:mod:`coordinator.stores.chunks`, as the Redis store does); the lock is released
+(:mod:`coordinator.protocol.stores.chunks`, as the Redis store does); the lock is released
 between chunks so heartbeats go on.
 
 A blocking wait (:meth:`C10dStore.watch`) is a ``get``, which blocks until the key exists,
@@ -29,8 +29,8 @@ from datetime import timedelta
 from typing import Any
 
 from coordinator.errors import StoreError
-from coordinator.stores import chunks
-from coordinator.stores.base import PollingWatch, Store, Watch, check_key
+from coordinator.protocol.stores import chunks
+from coordinator.protocol.stores.base import PollingWatch, Store, Watch, check_key
 
 #: Largest single TCPStore value we write: half the libuv server's 8 MiB message limit.
 CHUNK_BYTES = 4 * 1024 * 1024

@@ -39,8 +39,8 @@ import sys
 import time
 
 from coordinator import _compat
-from coordinator.bundle import OUTBOX
-from coordinator.config import Config, parse_flag
+from coordinator.bundles import OUTBOX
+from coordinator.settings import Config, parse_flag
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ def epilog(environ: dict[str, str] | None = None) -> int:
 
 def _restore(settings: JobSettings) -> None:
     os.makedirs(settings.cache_dir, mode=0o700, exist_ok=True)
-    from coordinator.bundle import load_bundle
+    from coordinator.bundles import load_bundle
 
     try:
         result = load_bundle(settings.restore_url, name=settings.bundle_name, secret=settings.secret)
@@ -270,7 +270,7 @@ def _restore(settings: JobSettings) -> None:
 
 def _push_and_clean(settings: JobSettings) -> None:
     if settings.push_url and os.path.isdir(os.path.join(settings.cache_dir, OUTBOX)):
-        from coordinator.bundle import copy_bundles
+        from coordinator.bundles import copy_bundles
 
         try:
             pushed = copy_bundles(settings.outbox_url, settings.push_url, secret=settings.secret)

@@ -17,8 +17,8 @@ import logging
 import os
 import sys
 
-from coordinator.config import given
 from coordinator.errors import ConfigError
+from coordinator.settings import given
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_LEVEL = "INFO"

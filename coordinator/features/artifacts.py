@@ -242,7 +242,7 @@ class ShippedKernels:
     """One process's side of kernel shipping: which C++ kernels (and on a GPU, Triton's
     host modules) an FX graph's compile built or resolved (to send with its entry),
     writing received ones, and the record of every kernel file and compile second this
-    process compiled or received, which a whole-job bundle carries (``coordinator.bundle``)."""
+    process compiled or received, which a whole-job bundle carries (``coordinator.bundles``)."""
 
     def __init__(self, cache_dir: Callable[[], str], triton_dir: Callable[[], str],
                  gpu: Callable[[], bool] = lambda: False) -> None:

@@ -37,9 +37,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from coordinator import _compat
-from coordinator.node import DeviceLock
-from coordinator.singleflight import Singleflight
-from coordinator.trace import NO_EVENTS, NoEvents
+from coordinator.observe.trace import NO_EVENTS, NoEvents
+from coordinator.protocol.node import DeviceLock
+from coordinator.protocol.singleflight import Singleflight
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ moment the lock was found taken, or the end of the work the rank did meanwhile, 
 the lock is free.
 
 Every node-wide lock of the coordinator goes through :func:`file_lock`: the per-key
-locks above, a bundle's install (``coordinator.bundle``) and the :class:`DeviceLock`
-that lets one early backward compile run per device (``coordinator.early_backward``).
+locks above, a bundle's install (``coordinator.bundles``) and the :class:`DeviceLock`
+that lets one early backward compile run per device (``coordinator.features.early_backward``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import uuid
 from collections.abc import Callable, Iterator
 
 from coordinator.errors import WaitTimeout
-from coordinator.singleflight import LookupResult, Singleflight
-from coordinator.trace import NO_EVENTS, NoEvents, short_key
+from coordinator.observe.trace import NO_EVENTS, NoEvents, short_key
+from coordinator.protocol.singleflight import LookupResult, Singleflight
 
 log = logging.getLogger(__name__)
 

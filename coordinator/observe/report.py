@@ -1,6 +1,6 @@
 """``coordinator report DIR``: a job's compile as a whole, from every rank's trace.
 
-Reads each ``rank<R>-<pid>.json`` a traced job wrote into ``DIR`` (``coordinator.trace``;
+Reads each ``rank<R>-<pid>.json`` a traced job wrote into ``DIR`` (``coordinator.observe.trace``;
 a file cut short by a killed rank is read up to its last whole event) and writes, into
 ``DIR``:
 
@@ -31,7 +31,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from coordinator.stats import Stats
+from coordinator.observe.stats import Stats
 
 log = logging.getLogger(__name__)
 

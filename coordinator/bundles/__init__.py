@@ -37,16 +37,22 @@ from typing import Any
 import msgpack
 
 from coordinator import _compat
-from coordinator.artifacts import AUTOTUNE_SUFFIXES, KERNEL_SUFFIXES, emit_kernels
-from coordinator.config import Config
 from coordinator.errors import ConfigError, EnvironmentMismatch, IntegrityError
-from coordinator.fingerprint import describe_difference, environment, fingerprint, key_prefix, secret_fingerprint
-from coordinator.node import file_lock
+from coordinator.features.artifacts import AUTOTUNE_SUFFIXES, KERNEL_SUFFIXES, emit_kernels
+from coordinator.protocol.fingerprint import (
+    describe_difference,
+    environment,
+    fingerprint,
+    key_prefix,
+    secret_fingerprint,
+)
+from coordinator.protocol.node import file_lock
+from coordinator.settings import Config
 
 log = logging.getLogger(__name__)
 
 #: ``outbox`` as a bundle URL: this node's outbox, ``<Inductor cache dir>/coordinator-outbox``,
-#: a ``file://`` store that the SLURM Epilog publishes from (``coordinator.slurm``).
+#: a ``file://`` store that the SLURM Epilog publishes from (``coordinator.jobs.slurm``).
 OUTBOX = "coordinator-outbox"
 MAGIC = b"coordinator-bundle/1"
 FORMAT = 1
@@ -138,7 +144,7 @@ def pack_bundle(*, secret: bytes | None = None) -> bytes:
     """
     import torch
 
-    from coordinator.artifacts import collect_kernels
+    from coordinator.features.artifacts import collect_kernels
     from coordinator.session import current as current_session
 
     saved = torch.compiler.save_cache_artifacts()
@@ -256,7 +262,7 @@ def check_bundle_name(name: str) -> None:
 def bundle_key(name: str = "default", namespace: str | None = None, secret: str | bytes | None = None) -> str:
     """The store key of bundle ``name`` for this environment, secret and namespace (see
     :func:`bundle_settings`): ``bundles/<environment>/<secret>/<namespace>/<name>``, as
-    ``coordinator.fingerprint.key_prefix`` names them.
+    ``coordinator.protocol.fingerprint.key_prefix`` names them.
 
     Raises:
         ConfigError: ``name`` cannot name a bundle.
@@ -354,7 +360,7 @@ def save_bundle(
     Returns:
         The bundle's size in bytes.
     """
-    from coordinator.stores import open_store
+    from coordinator.protocol.stores import open_store
 
     blob = pack_bundle(secret=bundle_settings(secret)[0]) if blob is None else blob
     if max_bytes is not None and len(blob) > max_bytes:
@@ -371,7 +377,7 @@ def fetch_bundle(url: str, *, name: str = "default", secret: str | bytes | None 
     Raises:
         FileNotFoundError: there is no such bundle for this environment.
     """
-    from coordinator.stores import open_store
+    from coordinator.protocol.stores import open_store
 
     store = open_store(url)
     blob = store.get(bundle_key(name, secret=secret))
@@ -390,7 +396,7 @@ def copy_bundles(src_url: str, dst_url: str, *, secret: str | bytes | None = Non
     Returns:
         The keys published.
     """
-    from coordinator.stores import open_store
+    from coordinator.protocol.stores import open_store
 
     src, dst = open_store(src_url), open_store(dst_url)
     published = []

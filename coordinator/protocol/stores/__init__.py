@@ -12,19 +12,19 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from coordinator.errors import ConfigError, StoreError
-from coordinator.stores.base import Store
+from coordinator.protocol.stores.base import Store
 
 __all__ = ["Store", "check_store_url", "open_store"]
 
 
 def _open_redis(url: str, chunk_bytes: int) -> Store:
-    from coordinator.stores.redis import RedisStore
+    from coordinator.protocol.stores.redis import RedisStore
 
     return RedisStore(url, chunk_bytes=chunk_bytes)
 
 
 def _open_file(url: str, chunk_bytes: int) -> Store:
-    from coordinator.stores.file import FileStore
+    from coordinator.protocol.stores.file import FileStore
 
     return FileStore(unquote(urlparse(url).path))
 
@@ -70,7 +70,7 @@ def open_store(spec: Any = None, *, chunk_bytes: int = 64 * 1024 * 1024) -> Stor
         check_store_url(spec)
         return _URL_SCHEMES[urlparse(spec).scheme](spec, chunk_bytes)
 
-    from coordinator.stores.c10d import C10dStore
+    from coordinator.protocol.stores.c10d import C10dStore
 
     if spec is None:
         from coordinator import _compat

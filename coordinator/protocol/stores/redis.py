@@ -4,8 +4,8 @@
 ``SET key value NX PX lease``. Redis refuses values over 512 MB and large values
 block the server, so a value longer than ``chunk_bytes`` is written as chunks under
 an upload id, and only then is the key set to a small manifest naming them
-(:mod:`coordinator.stores.chunks`): a reader never sees a half-written value. redis-py is imported only when this store
-is chosen.
+(:mod:`coordinator.protocol.stores.chunks`): a reader never sees a half-written value.
+redis-py is imported only when this store is chosen.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from datetime import timedelta
 from typing import Any
 
 from coordinator.errors import StoreError
-from coordinator.stores import chunks
-from coordinator.stores.base import Store, Watch, check_key
+from coordinator.protocol.stores import chunks
+from coordinator.protocol.stores.base import Store, Watch, check_key
 
 
 class RedisStore(Store):

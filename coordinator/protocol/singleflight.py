@@ -39,7 +39,7 @@ Waiters log a progress line every ``progress_interval``. Liveness is judged by e
 waiter's own monotonic clock watching the heartbeat change, so no clock
 synchronization between hosts is needed.
 
-A value that fails its reader's verification (``coordinator.integrity``) is treated as
+A value that fails its reader's verification (``coordinator.protocol.integrity``) is treated as
 missing: :meth:`Singleflight.lookup` with ``rejected=`` that value claims the key again,
 under a claim named after the key and the rejected value's digest
 (``c/<key>/redo-<digest>/<gen>``, with its own heartbeats and signals), so that every rank
@@ -66,7 +66,7 @@ the store for this process and every later lookup returns ``None``: losing the
 coordinator costs compile time, never the job.
 
 A rank that waits may do work of its own first: ``lookup``'s ``before_waiting`` is
-called until it has nothing left (``coordinator.early_backward``: backward graphs this
+called until it has nothing left (``coordinator.features.early_backward``: backward graphs this
 rank already knows). Such work runs with :meth:`Singleflight.no_waits`: inside it every
 lookup returns at once, so the work waits on nothing and the argument above still holds.
 """
@@ -88,8 +88,8 @@ from datetime import timedelta
 import msgpack
 
 from coordinator.errors import StoreError
-from coordinator.stores.base import PollingWatch, Store
-from coordinator.trace import NO_EVENTS, WAIT_ENDINGS, NoEvents, short_key
+from coordinator.observe.trace import NO_EVENTS, WAIT_ENDINGS, NoEvents, short_key
+from coordinator.protocol.stores.base import PollingWatch, Store
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ class Singleflight:
 
     def follow(self, key: str, *, grace_s: float = 0.0) -> LookupResult:
         """Wait for ``key``'s value while another process holds a claim on it, never
-        claiming it (``coordinator.split_shares``: slots only their owners claim).
+        claiming it (``coordinator.features.split_shares``: slots only their owners claim).
 
         Outcomes: ``hit`` or ``waited`` with the value; ``unclaimed`` (nobody claimed it
         within ``grace_s``); ``abandoned``; ``expired`` (the claimant's lease lapsed; it is

@@ -14,7 +14,7 @@ backward: a *package* (``_compat.precompile``). With ``Config.precompile`` on:
   key: the function's name, first line and a hash of its source, in the environment's
   namespace. A package is republished when it grows (a graph break, a recompile at a
   new shape); of the ranks that record the same growth, the first to say so publishes.
-  Never one of a process whose compiles read the rank (``coordinator.rank_dependence``).
+  Never one of a process whose compiles read the rank (``coordinator.features.rank_dependence``).
 * **Install.** At ``torch.compile(fn)`` Dynamo asks for ``fn``'s package; a rank (of
   this job or a later one on the same store) that finds it verifies it, writes its
   kernels, and torch installs it: the first call runs compiled code, with no tracing.
@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator import _compat
 from coordinator.errors import IntegrityError, StoreError
-from coordinator.integrity import open_sealed
-from coordinator.trace import short_key
+from coordinator.observe.trace import short_key
+from coordinator.protocol.integrity import open_sealed
 
 if TYPE_CHECKING:
     from coordinator.session import Session

@@ -29,7 +29,7 @@ class RankDependence:
         #: Store keys of graphs whose code depends on the rank: never published, never loaded.
         self.marked: set[str] = set()
         #: Reads of the rank inside any compile (Dynamo's tracing included): a precompiled
-        #: function of this process may have the rank in its code (``coordinator.precompiled``).
+        #: function of this process may have the rank in its code (``coordinator.features.precompiled``).
         self.reads_in_compiles = 0
 
     def _graphs(self) -> dict[str, tuple[str, list[str]]]:

@@ -4,7 +4,7 @@
 ``coordinator.stats()`` returns :meth:`Stats.as_dict`.
 
 The counters that ``coordinator report`` shows too are counted from the rank's events
-(``coordinator.trace``), by :meth:`Stats.count`, the one function both use: the session
+(``coordinator.observe.trace``), by :meth:`Stats.count`, the one function both use: the session
 counts each event as it emits it, the report counts the events the rank's trace file
 holds. So the summary and the report agree, and say:
 
@@ -73,7 +73,7 @@ class Stats:
         self._lock = threading.Lock()
         self.kinds: dict[str, KindCounts] = defaultdict(KindCounts)
         self.local_hits = 0
-        #: Split graphs this rank compiled for the job (``coordinator.split_shares``).
+        #: Split graphs this rank compiled for the job (``coordinator.features.split_shares``).
         self.shares_compiled = 0
         self.shared_from_local = 0
         self.waits = 0
@@ -90,18 +90,18 @@ class Stats:
         self.store_s = 0.0
         self.rank_dependent = 0
         self.store = "none"
-        #: Early backward compiles' counters (``coordinator.early_backward``).
+        #: Early backward compiles' counters (``coordinator.features.early_backward``).
         self.early_backward: Any = None
         self.split_graphs = SplitGraphCounts()
-        #: Split frames' shares' counters (``coordinator.split_shares``), when on.
+        #: Split frames' shares' counters (``coordinator.features.split_shares``), when on.
         self.split_shares: Any = None
-        #: Precompiled functions' counters (``coordinator.precompiled``), when on.
+        #: Precompiled functions' counters (``coordinator.features.precompiled``), when on.
         self.precompiled: Any = None
         #: Returns how many graphs skipped AOTAutograd (its cache hits) since the session began.
         self.aot_autograd_hits: Callable[[], int] = lambda: 0
 
     def count(self, event: dict) -> None:
-        """Count one coordinator event (a ``coordinator.trace`` event: ``name``, ``args``,
+        """Count one coordinator event (a ``coordinator.observe.trace`` event: ``name``, ``args``,
         ``dur`` in microseconds for a span); events that count nothing are ignored."""
         name, args = event.get("name"), event.get("args", {})
         kind = _kind(args.get("key", ""))

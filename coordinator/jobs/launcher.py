@@ -28,14 +28,14 @@ codes and signal handling are torchrun's own. Before the workers start it:
 * with ``--coordinator-save-bundle URL``, has rank 0 save the job's bundle at exit
   (``outbox``: into the node's outbox, which the SLURM Epilog publishes);
 * with ``--coordinator-trace DIR``, has every worker write its coordinator events into
-  ``DIR`` (``coordinator.trace``), which ``coordinator report DIR`` merges.
+  ``DIR`` (``coordinator.observe.trace``), which ``coordinator report DIR`` merges.
 
 ``coordinator-run --help`` lists these options and the ``COORDINATOR_*`` variables, then
 torchrun's own help.
 
 Each worker shows the ``coordinator`` logger's lines (its summary at exit, who it waits
 for) at ``--coordinator-log-level`` (default ``INFO``), whether or not the training
-script configures logging; see ``coordinator.logs``.
+script configures logging; see ``coordinator.observe.logs``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ import sys
 
 from coordinator import _compat
 from coordinator.errors import ConfigError
-from coordinator.logs import parse_level, show_coordinator_logs
+from coordinator.observe.logs import parse_level, show_coordinator_logs
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def asks_for_help(torchrun_args: list[str]) -> bool:
 
 def help_text() -> str:
     """Our options and ``COORDINATOR_*`` variables; torchrun's own help follows it."""
-    from coordinator.config import _ENV, DESCRIPTIONS
+    from coordinator.settings import _ENV, DESCRIPTIONS
 
     setting_of = {variable: name for name, variable in _ENV.items()}
     lines = [
@@ -198,7 +198,7 @@ def one_gpu_per_worker(nproc_per_node: str, gpus: int) -> bool:
 def worker_environment(settings: dict[str, str], environ: dict[str, str], *,
                        virtual_local_rank: bool = False) -> dict[str, str]:
     """The environment variables to set for the workers."""
-    site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
+    site = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_site")
     pythonpath = environ.get("PYTHONPATH", "")
     env = dict(settings)
     env["COORDINATOR_ENABLE"] = "1"
@@ -224,9 +224,9 @@ def check_settings(environ: dict[str, str], options: dict[str, str] | None = Non
         ConfigError: a ``COORDINATOR_*`` setting of ``environ`` is invalid, naming the
             variable or option and the value given.
     """
-    from coordinator.bundle import check_bundle_name
-    from coordinator.config import Config, given
-    from coordinator.stores import check_store_url
+    from coordinator.bundles import check_bundle_name
+    from coordinator.protocol.stores import check_store_url
+    from coordinator.settings import Config, given
 
     sources = {variable: flag for flag, variable in OPTIONS.items() if variable in (options or {})}
     Config.resolve(environ=environ, sources=sources)
@@ -246,7 +246,7 @@ def check_settings(environ: dict[str, str], options: dict[str, str] | None = Non
 def restore(url: str, name: str) -> None:
     """Install the persisted bundle for this node; never fails the job."""
     try:
-        from coordinator.bundle import load_bundle
+        from coordinator.bundles import load_bundle
 
         result = load_bundle(url, name=name)
         log.warning("coordinator-run: bundle %r from %s: %s", name, url, result)

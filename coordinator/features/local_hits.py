@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from coordinator.trace import short_key
+from coordinator.observe.trace import short_key
 
 if TYPE_CHECKING:
     from coordinator.session import Session

@@ -15,7 +15,7 @@ import uuid
 from datetime import timedelta
 
 from coordinator.errors import StoreError
-from coordinator.stores.base import Store, check_key
+from coordinator.protocol.stores.base import Store, check_key
 
 
 class FileStore(Store):
