@@ -24,7 +24,6 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from coordinator import session as session_module
 from coordinator.errors import ConfigError
 from coordinator.inductor import route_caches
 from coordinator.observe.logs import parse_level, show_coordinator_logs
@@ -32,6 +31,15 @@ from coordinator.session import Session
 from coordinator.settings import Config, parse_flag
 
 log = logging.getLogger(__name__)
+
+#: The session of the ``compile_once`` active in this process, and the last one to end.
+_active: Session | None = None
+_last: Session | None = None
+
+
+def active_session() -> Session | None:
+    """The session of the ``compile_once`` active in this process, if any."""
+    return _active
 
 
 @contextlib.contextmanager
@@ -65,7 +73,8 @@ def compile_once(store: Any = None, *, config: Config | None = None, **settings:
         config = Config.resolve(store=store, **settings)
     else:
         config = config.replace(store=store, **settings)
-    active = session_module.active()
+    global _active, _last
+    active = _active
     if active is not None:
         differences = active.config.differences(config)
         if differences:
@@ -75,25 +84,25 @@ def compile_once(store: Any = None, *, config: Config | None = None, **settings:
         yield active  # the outer compile_once closes it
         return
     session = Session(config)
-    session_module.set_active(session)
+    _active = session
     try:
         with route_caches(session):
             yield session
     finally:
         session.close()
-        session_module.set_active(None)
+        _active, _last = None, session
         log.info("%s", session.stats.summary())
         log.debug("%s", session.stats.details())
 
 
 def current_session() -> Session | None:
     """The active ``compile_once`` session, or the last one to exit, if any."""
-    return session_module.current()
+    return _active or _last
 
 
 def stats() -> dict:
     """This rank's counters from the active ``compile_once``, or the last one to exit."""
-    session = session_module.current()
+    session = current_session()
     if session is None:
         return {}
     return session.stats.as_dict()

@@ -1,16 +1,19 @@
 """One rank's coordinator session: what Inductor's cache backends call into.
 
 A :class:`Session` routes Inductor cache reads and writes (:meth:`Session.get`,
-:meth:`Session.put`) to singleflight lookups and publishes, and each concept to its
-module: the node's copy (``coordinator.protocol.node``), sealing (``coordinator.protocol.integrity``),
-kernels that travel with entries (``coordinator.features.artifacts``), graphs whose code depends
-on the rank (``coordinator.features.rank_dependence``), local hits shared with cold ranks
-(``coordinator.features.local_hits``), backward graphs compiled early (``coordinator.features.early_backward``),
-and the rules of each cache kind (``_compat.CACHE_KINDS``). It opens its store lazily, at
-the first cache access: the training script usually enters ``compile_once`` before or
-right after ``init_process_group``, and the default store exists only after it. A value
-that fails verification is never unpickled: it counts as missing, one rank compiles it
-again and the others wait for that (``Singleflight.lookup``'s ``rejected``).
+:meth:`Session.put`) to singleflight lookups and publishes: the node's copy first
+(``coordinator.protocol.node``), every value sealed (``coordinator.protocol.integrity``),
+the kernels that travel with entries (``coordinator.features.artifacts``). What differs per
+cache kind is in the kind's record (``_compat.CACHE_KINDS``); what a compile feature adds
+(``coordinator.features``) it adds through the fixed points of a lookup that
+:class:`~coordinator.features.base.Feature` names, given a
+:class:`~coordinator.features.base.Context` of this session. The session names neither.
+
+It opens its store lazily, at the first cache access: the training script usually enters
+``compile_once`` before or right after ``init_process_group``, and the default store
+exists only after it. A value that fails verification is never unpickled: it counts as
+missing, one rank compiles it again and the others wait for that
+(``Singleflight.lookup``'s ``rejected``).
 """
 
 from __future__ import annotations
@@ -22,19 +25,17 @@ import os
 import re
 import threading
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from coordinator import _compat
+from coordinator import features as feature_registry
 from coordinator.errors import ConfigError, IntegrityError, StoreError
+from coordinator.features import Context, Feature
 from coordinator.features.artifacts import ShippedKernels
-from coordinator.features.early_backward import EarlyBackwards
-from coordinator.features.rank_dependence import RankDependence
-from coordinator.features.split_shares import SplitShares
-from coordinator.features.tuning_steps import TuningSteps
 from coordinator.observe.stats import Stats
 from coordinator.observe.trace import open_events, short_key
 from coordinator.protocol.fingerprint import key_prefix, warn_if_device_indices_differ
-from coordinator.protocol.integrity import open_sealed, seal
+from coordinator.protocol.integrity import Sealed, open_sealed, seal
 from coordinator.protocol.node import NodeCache
 from coordinator.protocol.singleflight import LookupResult, Owner, Singleflight
 from coordinator.protocol.stores import open_store
@@ -45,26 +46,7 @@ log = logging.getLogger(__name__)
 
 _TIME_TAKEN = re.compile(rb'"time_taken_ms":\s*(\d+)')
 
-_active: Session | None = None
-_last: Session | None = None
-
-
-def active() -> Session | None:
-    """The session of the ``compile_once`` active in this process, if any."""
-    return _active
-
-
-def current() -> Session | None:
-    """The active session, or the last one to end, if any."""
-    return _active or _last
-
-
-def set_active(session: Session | None) -> None:
-    """Called by ``compile_once`` as it enters (``session``) and exits (``None``)."""
-    global _active, _last
-    if session is None and _active is not None:
-        _last = _active
-    _active = session
+_F = TypeVar("_F", bound=Feature)
 
 
 def _cuda() -> bool:
@@ -95,18 +77,21 @@ class Session:
         self._unusable = False
         self._prefix = ""
         self._node: NodeCache | None = None
-        #: FX keys this rank asked the store for and then received or compiled; the others it
-        #: found in its local cache.
-        self._asked_fx: set[str] = set()
-        self._local_fx: set[str] = set()
         self.kernels = ShippedKernels(_compat.inductor_cache_dir, _compat.triton_cache_dir, _cuda)
-        self.ranks = RankDependence()
-        self.tuning = TuningSteps(lambda: self._flight)
-        self.early = EarlyBackwards(self.flight, self.events)
-        self.stats.early_backward = self.early.counts
-        self.shares = SplitShares(self.flight, self.store_key, self.events)
-        if config.concurrent_splits:
-            self.stats.split_shares = self.shares.counts
+        #: The cache kinds routed through this session.
+        self.routed = frozenset(_compat.routable_kinds(config.caches))
+        context = Context(config=config, events=self.events, stats=self.stats, kernels=self.kernels,
+                          flight=self.flight, store_key=self.store_key, lookup=self._lookup, publish=self.publish,
+                          verify=self._verified, feature=self.feature)
+        built = [feature(context) for feature in feature_registry.FEATURES]
+        #: The compile features on in this session, in the registry's order.
+        self.features: list[Feature] = [feature for feature in built if feature.enabled(self.routed)]
+        self.stats.features = {feature.name: feature.counts if feature in self.features else None
+                               for feature in built if feature.counts is not None}
+
+    def feature(self, cls: type[_F]) -> _F | None:
+        """This session's instance of feature ``cls``, if it is on."""
+        return next((feature for feature in self.features if isinstance(feature, cls)), None)
 
     # -- store -------------------------------------------------------------------------
 
@@ -149,29 +134,21 @@ class Session:
         digest = hashlib.sha256(inductor_key.encode()).hexdigest()[:40]
         return f"{self._prefix}/{kind}/{digest}"
 
-    def first_local_hit(self, inductor_key: str) -> bool:
-        """Whether Inductor serving FX graph ``inductor_key`` is this rank's first find of it
-        in the local cache: the store was not asked for it (a remote hit, a rank-dependent
-        graph), and no earlier lookup found it there (an early backward compile loads a
-        graph that the backward pass then loads again)."""
-        if inductor_key in self._asked_fx or inductor_key in self._local_fx:
-            return False
-        self._local_fx.add(inductor_key)
-        return True
-
     def _lookup(self, flight: Singleflight, kind: str, key: str, rejected: bytes | None = None) -> LookupResult:
-        """Look ``key`` up once per node (``NodeCache.lookup``), blocking as its kind allows.
-        A rank that holds a claim, or runs an early compile, does not wait; a rank waiting
-        for a graph first compiles the backward graphs it knows. With ``rejected`` (a value
-        of ``key`` that failed verification) the store is asked again, that value counting
-        as missing: one rank claims the key and compiles it, the others wait for it."""
-        step_claims, early_claims = self.tuning.claims(), self.early.claims()
-        waits = _compat.CACHE_KINDS[kind].waits
-        blocking = waits == "always" or (waits == "tuning_step" and step_claims is not None)
-        if kind == "fx_graph" and _compat.in_aot_entry_load():
+        """Look ``key`` up once per node (``NodeCache.lookup``), blocking as its kind and
+        the features allow. A rank that holds a claim, or runs a compile that must not
+        wait, does not wait; a waiting rank first does the features' work. With
+        ``rejected`` (a value of ``key`` that failed verification) the store is asked
+        again, that value counting as missing: one rank claims the key and compiles it,
+        the others wait for it."""
+        record = _compat.CACHE_KINDS[kind]
+        claim_lists = [claims for feature in self.features if (claims := feature.claims()) is not None]
+        blocking = record.waits == "always" or any(feature.lets_wait(kind) for feature in self.features)
+        if record.inside_aot_entries and _compat.in_aot_entry_load():
             blocking = False  # a miss compiles nothing here: no claim (docs/design.md, rule 1)
-        may_wait = not flight.holds_claims() and early_claims is None
-        work_first = self.early.help_once if kind == "fx_graph" and self.config.early_backward else None
+        may_wait = not flight.holds_claims() and not any(feature.forbids_waits() for feature in self.features)
+        work_first = next((work for feature in self.features
+                           if (work := feature.work_while_waiting(kind)) is not None), None)
         if rejected is not None:
             self._node.forget(key, rejected)
             result = flight.lookup(key, blocking=blocking, rejected=rejected)
@@ -184,41 +161,24 @@ class Session:
             self.stats.record_store_fetch()
         if result.outcome == "claimed":
             self.events.instant("claim", key=short_key(key))
-            for claims in (step_claims, early_claims):
-                if claims is not None:
-                    claims.append(key)
-        return result
-
-    def _follow_share(self, flight: Singleflight, kind: str, key: str, result: LookupResult) -> LookupResult:
-        """A split frame's chain found no AOTAutograd entry: wait while another rank
-        compiles that submodule for the job (``coordinator.features.split_shares``), then look again."""
-        position = _compat.chain_position()
-        if position is None or not self.config.concurrent_splits:
-            return result
-        again = self.shares.follow(flight, position)
-        if again is None:
-            return result
-        if again:
-            result = self._lookup(flight, kind, key)
-        if result.value is None:
-            self.shares.missed()
+            for claims in claim_lists:
+                claims.append(key)
         return result
 
     def backward_deferred(self, backward: _compat.DeferredBackward) -> None:
-        """A backward AOTAutograd deferred: a share's own, or one to compile early."""
-        if not _compat.capture_backward(backward) and self.config.early_backward:
-            self.early.add(backward)
+        """A backward AOTAutograd deferred: the first feature that takes it has it."""
+        any(feature.backward_deferred(backward) for feature in self.features)
 
     def _missed(self, kind: str, key: str, inductor_key: str) -> None:
         self.stats.record_miss(kind)
-        if kind == "fx_graph" and _compat.in_aot_entry_load():
+        if _compat.CACHE_KINDS[kind].inside_aot_entries and _compat.in_aot_entry_load():
             return  # AOTAutograd compiles the graph afresh, and looks it up again then
         # When this rank compiles a graph it did not claim (the store failed, or it held
         # another claim), kernels written since the miss travel with the entry.
         if _compat.ships_kernels(kind):
             self.kernels.missed(key)
-        if kind == "fx_graph":
-            self.ranks.compiling(key, inductor_key)
+        for feature in self.features:
+            feature.missed(kind, key, inductor_key)
         self.events.compile_began(key)
 
     # -- the two calls Inductor makes ----------------------------------------------------
@@ -229,7 +189,7 @@ class Session:
         key = self.store_key(kind, inductor_key)
         if flight is None:  # no store: Inductor compiles, and this rank's counts say so
             self.stats.record_miss(kind)
-            if not (kind == "fx_graph" and _compat.in_aot_entry_load()):
+            if not (_compat.CACHE_KINDS[kind].inside_aot_entries and _compat.in_aot_entry_load()):
                 self.events.compile_began(key)
             return None
         began = time.time()
@@ -243,37 +203,26 @@ class Session:
             sealed = self._verified(kind, key, result.value) if result.value is not None else None
             if result.value is not None and sealed is None:
                 result = dataclasses.replace(result, value=None, outcome="rejected")
-        if kind == "fx_graph":
-            # Not before: an early compile stopped by its lookup (SkipCompile) has not asked
-            # for the graph, and the rank may later find it in the local cache (a local rank
-            # compiled it), which must then count as a local hit.
-            self._asked_fx.add(inductor_key)
+        for feature in self.features:
+            feature.asked(kind, inductor_key)
         if sealed is None:
             log.debug("compile_once: %s miss %s (%s)", kind, key, result.outcome)
             self._missed(kind, key, inductor_key)
             return None
-        if sealed.meta.get("rank_dependent"):
-            self.ranks.received_mark(key, sealed.meta)
+        if not all(feature.accepts(kind, key, sealed.meta) for feature in self.features):
             self._missed(kind, key, inductor_key)
             return None
         self._received(kind, key, sealed, len(result.value), from_node=result.outcome == "node", began=began)
         return sealed.payload
 
     def _lookup_once(self, flight: Singleflight, kind: str, key: str, rejected: bytes | None = None) -> LookupResult:
+        """One lookup, as each feature sees it after it (``Feature.looked_up``)."""
         result = self._lookup(flight, kind, key, rejected)
-        if kind == "fx_graph" and self.early.claims() is not None and result.outcome != "claimed":
-            # An early compile goes on only for a graph it claimed; one that a rank has,
-            # or is compiling, is loaded when the backward pass needs it.
-            raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
-        if kind == "fx_graph" and result.value is None and result.outcome != "claimed" and self.shares.compiling():
-            # A share waits on nothing: a graph another rank is compiling leaves this
-            # submodule to the chain.
-            raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
-        if kind == "aot_autograd" and result.value is None and rejected is None:
-            result = self._follow_share(flight, kind, key, result)
+        for feature in self.features:
+            result = feature.looked_up(flight, kind, key, result, rejected)
         return result
 
-    def _verified(self, kind: str, key: str, value: bytes):
+    def _verified(self, kind: str, key: str, value: bytes) -> Sealed | None:
         """``value`` opened and verified, or ``None`` (logged) if it fails any check."""
         try:
             return open_sealed(key, value, secret=self.config.secret)
@@ -308,19 +257,8 @@ class Session:
         self.events.compile_ended(key)
         if flight is None:
             return
-        if kind == "autotune" and _compat.defer_autotune_save(
-            lambda files: self.publish(flight, kind, key, data, files)
-        ):
-            # Saved before coordinate descent refines it (or by the descent, whose
-            # chosen kernel is known when it returns): the claim stays until then.
-            return
-        reads = self.ranks.compiled(key) if kind == "fx_graph" else None
-        if reads is not None:
-            self.kernels.forget(key)
-            self.stats.record_rank_dependent()
-            if self.ranks.mark(key, reads):  # ranks waiting on it, and every later lookup, compile their own
-                self.publish(flight, kind, key, b"", {}, extra_meta={"rank_dependent": True, "reads": reads})
-            return
+        if any(feature.publishes(flight, kind, key, data) for feature in self.features):
+            return  # a feature publishes it (later, or as something else)
         files: dict[str, bytes] = {}
         if _compat.ships_kernels(kind) and self.config.ship_cpu_kernels:
             files = self.kernels.built_for(key, flight.claim_started(key))
@@ -353,9 +291,14 @@ class Session:
         return published
 
     def compile_ended(self) -> None:
-        """An outermost compile finished: release the claims it did not publish, and end
-        the spans of the FX graphs it compiled without an entry."""
-        self.events.compiles_ended("fx_graph")
+        """An outermost compile finished: the features hear of it first; then the claims it
+        did not publish are released, and the spans of the graphs it compiled without an
+        entry end."""
+        for feature in self.features:
+            feature.compile_ended()
+        for kind in self.routed:
+            if _compat.CACHE_KINDS[kind].saved_by_its_compile:
+                self.events.compiles_ended(kind)
         if self._flight is not None:
             released = self._flight.abandon_all()
             if released:

@@ -12,8 +12,7 @@ import torch._inductor.remote_cache as remote_cache
 from torch._dynamo.callback import callback_handler
 
 import coordinator
-from coordinator import ConfigError
-from coordinator import session as session_module
+from coordinator import ConfigError, api
 
 
 def snapshot():
@@ -47,7 +46,7 @@ def test_hooks_are_installed_and_restored(tmp_path):
                                               r"store \(COORDINATOR_STORE\): active 'file://.*', requested None$"):
             with coordinator.compile_once():
                 pass
-        assert session_module.active() is session
+        assert api.active_session() is session
     assert snapshot() == before
     assert coordinator.stats()["graphs_received"] == 1
     assert coordinator.stats()["compile_time_saved_s"] == pytest.approx(1.234)
@@ -64,7 +63,7 @@ def test_a_nested_compile_once_with_the_same_settings_joins_the_active_one(tmp_p
         with coordinator.compile_once(lease=7, store=f"file://{tmp_path}") as inner:  # the same, given as arguments
             assert inner is outer
         # The inner exit closed nothing: the hooks and the session are still there.
-        assert session_module.active() is outer and snapshot() != before
+        assert api.active_session() is outer and snapshot() != before
         assert remote_cache.RemoteFxGraphCache.backend_override_cls.__name__ == "CoordinatorFxGraphBackend"
         remote_cache.RemoteFxGraphCache("fx-graph-v1").put("k", {"data": "eA==", "time_taken_ms": 5})
         assert coordinator.stats()["by_cache"]["fx_graph"]["published"] == 1
@@ -76,8 +75,8 @@ def test_a_nested_compile_once_with_the_same_settings_joins_the_active_one(tmp_p
         assert "namespace (COORDINATOR_NAMESPACE): active '', requested 'team'" in message
         assert "secret (COORDINATOR_SECRET): active none, requested set" in message
         assert "s3cret" not in message and "store" not in message
-        assert session_module.active() is outer
-    assert session_module.active() is None and snapshot() == before
+        assert api.active_session() is outer
+    assert api.active_session() is None and snapshot() == before
 
 
 def test_hooks_are_restored_after_an_exception(tmp_path):

@@ -17,7 +17,7 @@ import torch
 from conftest import require_success
 
 from coordinator import Config
-from coordinator.features.local_hits import share_local_hit
+from coordinator.features.local_hits import LocalHits
 from coordinator.session import Session
 
 UNIQUE_GRAPHS = 2  # forward and backward
@@ -45,12 +45,12 @@ def test_a_graph_found_twice_in_the_local_cache_counts_and_publishes_once(tmp_pa
         return b"entry of the backward graph"
 
     for _ in range(2):
-        share_local_hit(session, "pt2:fx-graph-v1::backward", remote_value, [])
+        session.feature(LocalHits).served_locally("pt2:fx-graph-v1::backward", remote_value, [])
     session.put("fx_graph", "pt2:fx-graph-v1::forward", b"entry of the forward graph")
     other = Session(Config(store=f"file://{tmp_path / 'store'}"))
     assert other.get("fx_graph", "pt2:fx-graph-v1::backward") == b"entry of the backward graph"
     assert other.get("fx_graph", "pt2:fx-graph-v1::forward") == b"entry of the forward graph"
-    share_local_hit(other, "pt2:fx-graph-v1::forward", remote_value, [])
+    other.feature(LocalHits).served_locally("pt2:fx-graph-v1::forward", remote_value, [])
     mine, theirs = session.stats.as_dict(), other.stats.as_dict()
     assert (mine["graphs_found_in_local_cache"], mine["graphs_shared_from_local_cache"], len(built)) == (1, 1, 1)
     assert (theirs["graphs_received"], theirs["graphs_found_in_local_cache"]) == (2, 0)

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 
+from coordinator.features.tuning_steps import TuningSteps
 from coordinator.protocol.singleflight import Owner, Singleflight
 
 pytestmark = pytest.mark.protocol
@@ -140,12 +141,12 @@ def test_autotune_keys_are_claimed_only_inside_a_tuning_step(sessions):
     assert not leader.flight().holds_claims()
 
     got = {}
-    with leader.tuning.step():
+    with leader.feature(TuningSteps).step():
         assert leader.get("autotune", "kernel") is None  # claimed: this rank tunes it
         assert leader.flight().holds_claims()
 
         def follower_step():
-            with follower.tuning.step():
+            with follower.feature(TuningSteps).step():
                 got["value"] = follower.get("autotune", "kernel")
 
         waiter = threading.Thread(target=follower_step)
@@ -165,10 +166,10 @@ def test_a_tuning_step_that_saves_nothing_releases_its_waiters(sessions):
     got = {}
 
     def follower_step():
-        with follower.tuning.step():
+        with follower.feature(TuningSteps).step():
             got["value"] = follower.get("autotune", "declined")
 
-    with leader.tuning.step():
+    with leader.feature(TuningSteps).step():
         assert leader.get("autotune", "declined") is None
         waiter = threading.Thread(target=follower_step)
         waiter.start()
@@ -184,7 +185,7 @@ def test_a_rank_that_tuned_kernels_still_waits_for_graphs(sessions):
     """A recompile after kernels tuned at their first launch: the rank holds no claim, so
     it waits for the graph another rank compiles instead of compiling it again."""
     a, b = sessions(0), sessions(1)
-    with a.tuning.step():
+    with a.feature(TuningSteps).step():
         assert a.get("autotune", "kernel") is None
         a.put("autotune", "kernel", b'{"XBLOCK": 64}')
     assert b.get("fx_graph", "recompiled") is None  # b compiles it

@@ -26,6 +26,7 @@ from coordinator.features.artifacts import (
     emit_triton_kernels,
     read_triton_kernel,
 )
+from coordinator.features.tuning_steps import TuningSteps
 from coordinator.session import Session
 
 
@@ -115,7 +116,7 @@ def tuning(tmp_path, monkeypatch):
         blob = store.get(f"v/{leader.store_key('autotune', name)}")
         return None if blob is None else open_sealed(leader.store_key("autotune", name), blob)
 
-    with _compat.triton_tuning_hooks(leader.tuning.step):
+    with _compat.triton_tuning_hooks(leader.feature(TuningSteps).step):
         yield SimpleNamespace(leader=leader, published=published, triton_dir=triton_dir, url=url,
                               tuner=lambda name, **kw: StandInTuner(leader, name, triton_dir, **kw),
                               call=lambda tuner, method, *a: getattr(th.CachingAutotuner, method)(tuner, *a))

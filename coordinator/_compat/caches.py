@@ -43,11 +43,25 @@ class CacheKind:
     others the coordinator does."""
     default: bool
     """Routed unless ``Config.caches`` says otherwise."""
+    graphs: bool = False
+    """Its entries are compiled graphs that Inductor's ``FxGraphCache`` loads: remote hits
+    are kept in the local cache, and an entry bundles the kernels its code loads."""
+    rank_checked: bool = False
+    """Its entries hold generated code that may read the rank: one compiled while the rank
+    was read is never shared (``coordinator.features.rank_dependence``)."""
+    inside_aot_entries: bool = False
+    """Also looked up while AOTAutograd loads an entry of its own; a miss there compiles
+    nothing (AOTAutograd compiles the graph afresh and looks it up again), so it neither
+    waits nor claims (``in_aot_entry_load``)."""
+    saved_by_its_compile: bool = False
+    """Its entry is saved before the compile that missed it ends: a compile that ended
+    without saving one bypassed the cache or failed (its trace span ends with it)."""
 
 
 _ALL = (
     CacheKind("fx_graph", "RemoteFxGraphCache", (("torch._inductor.config", "fx_graph_remote_cache"),),
-              waits="always", ships_kernels=True, triton_only=False, inductor_extends_timeout=True, default=True),
+              waits="always", ships_kernels=True, triton_only=False, inductor_extends_timeout=True, default=True,
+              graphs=True, rank_checked=True, inside_aot_entries=True, saved_by_its_compile=True),
     CacheKind("autotune", "RemoteAutotuneCache", (("torch._inductor.config", "autotune_remote_cache"),),
               waits="tuning_step", ships_kernels=False, triton_only=True, inductor_extends_timeout=False,
               default=True),

@@ -144,8 +144,8 @@ def pack_bundle(*, secret: bytes | None = None) -> bytes:
     """
     import torch
 
+    from coordinator.api import current_session
     from coordinator.features.artifacts import collect_kernels
-    from coordinator.session import current as current_session
 
     saved = torch.compiler.save_cache_artifacts()
     artifacts: dict[str, bytes] = {"megacache": saved[0] if saved else b""}
@@ -237,7 +237,7 @@ def bundle_settings(secret: str | bytes | None = None, namespace: str | None = N
     Raises:
         ConfigError: a setting is invalid.
     """
-    from coordinator.session import current as current_session
+    from coordinator.api import current_session
 
     session = current_session()
     config = session.config if session is not None else Config.resolve()

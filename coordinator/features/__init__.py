@@ -1,1 +1,33 @@
-"""features"""
+"""Compile features, and the one list of them a session builds.
+
+Each feature is a :class:`~coordinator.features.base.Feature` in a module of its own
+(``base`` says what a feature is given and may contribute). Adding one is a new module
+and one line in :data:`FEATURES`; the order is the order in which a session asks them
+at each point of a lookup and installs their hooks.
+"""
+
+from __future__ import annotations
+
+from coordinator.features.base import Context, Feature
+from coordinator.features.compile_choices import CompileChoicesOnce
+from coordinator.features.early_backward import EarlyBackwards
+from coordinator.features.local_hits import LocalHits
+from coordinator.features.precompiled import PrecompiledFunctions
+from coordinator.features.rank_dependence import RankDependence
+from coordinator.features.split_graphs import SplitGraphs
+from coordinator.features.split_shares import SplitShares
+from coordinator.features.tuning_steps import TuningSteps
+
+#: Every compile feature, in the order a session asks them.
+FEATURES: list[type[Feature]] = [
+    RankDependence,
+    TuningSteps,
+    SplitGraphs,
+    SplitShares,
+    EarlyBackwards,
+    LocalHits,
+    PrecompiledFunctions,
+    CompileChoicesOnce,
+]
+
+__all__ = ["FEATURES", "Context", "Feature"]

@@ -37,9 +37,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from coordinator import _compat
-from coordinator.observe.trace import NO_EVENTS, NoEvents
+from coordinator.features.base import Context, Feature
 from coordinator.protocol.node import DeviceLock
-from coordinator.protocol.singleflight import Singleflight
+from coordinator.protocol.singleflight import LookupResult, Singleflight
+
+#: The kind whose waits an early compile fills, and whose lookups it makes.
+KIND = "fx_graph"
 
 log = logging.getLogger(__name__)
 
@@ -58,29 +61,58 @@ class EarlyBackwardCounts:
     #: Seconds spent in early compiles.
     seconds: float = 0.0
 
+    def summary(self) -> str:
+        if not (self.compiled or self.skipped or self.failed):
+            return ""
+        return (f"backward graphs compiled early while waiting: {self.compiled} ({self.seconds:.1f}s), "
+                f"{self.skipped} left to other ranks, {self.failed} failed")
 
-class EarlyBackwards:
+
+class EarlyBackwards(Feature):
     """The backward graphs this process knows of and has not tried to compile early."""
 
-    def __init__(self, flight: Callable[[], Singleflight | None], events: NoEvents = NO_EVENTS) -> None:
-        self._flight = flight
-        self._events = events
+    name = "early_backward"
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
+        self._events = context.events
         self._lock_for_device: DeviceLock | None = None
         self._pending: collections.deque[Any] = collections.deque()
         self._lock = threading.Lock()
         self._running = threading.local()
         self.counts = EarlyBackwardCounts()
 
+    def enabled(self, routed: frozenset[str]) -> bool:
+        return self.context.config.early_backward and KIND in routed
+
     def claims(self) -> list[str] | None:
         """The keys claimed by the early compile running on this thread (``None``: none runs)."""
         return getattr(self._running, "claims", None)
+
+    def forbids_waits(self) -> bool:
+        return self.claims() is not None
+
+    def work_while_waiting(self, kind: str) -> Callable[[], bool] | None:
+        return self.help_once if kind == KIND else None
+
+    def looked_up(self, flight: Singleflight, kind: str, key: str, result: LookupResult,
+                  rejected: bytes | None) -> LookupResult:
+        """An early compile goes on only for a graph it claimed; one that a rank has, or
+        is compiling, is loaded when the backward pass needs it."""
+        if kind == KIND and self.claims() is not None and result.outcome != "claimed":
+            raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
+        return result
+
+    def backward_deferred(self, backward: Any) -> bool:
+        self.add(backward)
+        return True
 
     @contextlib.contextmanager
     def _early_compile(self) -> Iterator[list[str]]:
         """A backward graph compiled early, inside a wait on this thread: its lookups never
         wait, an FX lookup that does not claim stops it (``SkipCompile``), and the claims it
         leaves unpublished are released when it ends. Yields the list of keys it claims."""
-        flight = self._flight()
+        flight = self.context.flight()
         if flight is None:
             raise _compat.SkipCompile("no store")
         self._running.claims = claims = []

@@ -22,46 +22,79 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from coordinator.features.base import Context, Feature
 from coordinator.observe.trace import short_key
-
-if TYPE_CHECKING:
-    from coordinator.session import Session
 
 log = logging.getLogger(__name__)
 
+#: The kind a rank finds in its local cache.
+KIND = "fx_graph"
 
-def share_local_hit(session: Session, inductor_key: str, remote_value: Callable[[], bytes | None],
-                    kernel_paths: list[str]) -> None:
-    """Inductor served FX graph ``inductor_key``; if from this rank's local cache, share it.
 
-    ``remote_value`` builds the entry as Inductor would publish it (``None``: several
-    guarded entries are local and which one hit is unknown); ``kernel_paths`` are the C++
-    kernels the graph loaded.
-    """
-    if not session.first_local_hit(inductor_key):  # a remote hit, or shared already: nothing to do
-        return
-    flight = session.flight()
-    if flight is None:
-        return
-    key = session.store_key("fx_graph", inductor_key)
-    session.events.instant("local hit", key=short_key(key))
-    result = flight.offer(key)
-    if result.outcome != "claimed":
-        if result.waited_s >= 1.0:
-            log.info("compile_once: FX graph %s is in this rank's local cache, but another rank was compiling "
-                     "it; waited %.1fs on the store for it (%s), not in a collective",
-                     key, result.waited_s, result.outcome)
-        return
-    try:
-        value = remote_value()
-        if value is None:
-            flight.abandon(key)
+class LocalHits(Feature):
+    """The FX graphs this rank asked the store for, and those it found in its local cache."""
+
+    name = "local_hits"
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
+        #: FX keys this rank asked the store for and then received or compiled.
+        self._asked: set[str] = set()
+        #: FX keys found in the local cache and offered to the store.
+        self._local: set[str] = set()
+
+    def enabled(self, routed: frozenset[str]) -> bool:
+        return self.context.config.share_local_hits and KIND in routed
+
+    def asked(self, kind: str, inductor_key: str) -> None:
+        # Not before the lookup ends: an early compile stopped by its lookup (SkipCompile)
+        # has not asked for the graph, and the rank may later find it in the local cache
+        # (a local rank compiled it), which must then count as a local hit.
+        if kind == KIND:
+            self._asked.add(inductor_key)
+
+    def first_local_hit(self, inductor_key: str) -> bool:
+        """Whether Inductor serving FX graph ``inductor_key`` is this rank's first find of it
+        in the local cache: the store was not asked for it (a remote hit, a rank-dependent
+        graph), and no earlier lookup found it there (an early backward compile loads a
+        graph that the backward pass then loads again)."""
+        if inductor_key in self._asked or inductor_key in self._local:
+            return False
+        self._local.add(inductor_key)
+        return True
+
+    def served_locally(self, inductor_key: str, remote_value: Callable[[], bytes | None],
+                       kernel_paths: list[str]) -> None:
+        """Inductor served FX graph ``inductor_key``; if from this rank's local cache, share it.
+
+        ``remote_value`` builds the entry as Inductor would publish it (``None``: several
+        guarded entries are local and which one hit is unknown); ``kernel_paths`` are the C++
+        kernels the graph loaded.
+        """
+        if not self.first_local_hit(inductor_key):  # a remote hit, or shared already: nothing to do
             return
-        files = session.kernels.read(kernel_paths) if session.config.ship_cpu_kernels else {}
-        session.publish(flight, "fx_graph", key, value, files, local_copy=True)
-    except BaseException:
-        flight.abandon(key)
-        raise
-    log.info("compile_once: shared FX graph %s from this rank's local cache (%d kernel files)", key, len(files))
+        context = self.context
+        flight = context.flight()
+        if flight is None:
+            return
+        key = context.store_key(KIND, inductor_key)
+        context.events.instant("local hit", key=short_key(key))
+        result = flight.offer(key)
+        if result.outcome != "claimed":
+            if result.waited_s >= 1.0:
+                log.info("compile_once: FX graph %s is in this rank's local cache, but another rank was compiling "
+                         "it; waited %.1fs on the store for it (%s), not in a collective",
+                         key, result.waited_s, result.outcome)
+            return
+        try:
+            value = remote_value()
+            if value is None:
+                flight.abandon(key)
+                return
+            files = context.kernels.read(kernel_paths) if context.config.ship_cpu_kernels else {}
+            context.publish(flight, KIND, key, value, files, local_copy=True)
+        except BaseException:
+            flight.abandon(key)
+            raise
+        log.info("compile_once: shared FX graph %s from this rank's local cache (%d kernel files)", key, len(files))

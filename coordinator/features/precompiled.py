@@ -37,15 +37,15 @@ import dataclasses
 import logging
 import pickle
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
 from coordinator import _compat
 from coordinator.errors import IntegrityError, StoreError
+from coordinator.features.base import Context, Feature
+from coordinator.features.rank_dependence import RankDependence
 from coordinator.observe.trace import short_key
 from coordinator.protocol.integrity import open_sealed
-
-if TYPE_CHECKING:
-    from coordinator.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,18 @@ class PackageCounts:
     published: int = 0
     failed: int = 0
 
+    def summary(self) -> str:
+        return (f"{self.installed} functions installed without tracing, {self.published} published, "
+                f"{self.failed} not installed")
 
-class PrecompiledFunctions:
+
+class PrecompiledFunctions(Feature):
     """One process's packages: those it installed, and those it publishes."""
 
-    def __init__(self, session: Session) -> None:
-        self._session = session
+    name = "precompiled_functions"
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
         self._lock = threading.Lock()
         #: Packages Dynamo recorded here, by key (one per ``torch.compile`` of the function).
         self._packages: dict[str, list[Any]] = {}
@@ -76,29 +82,44 @@ class PrecompiledFunctions:
         self.counts = PackageCounts()
         self._told_rank_read = False
 
+    def enabled(self, routed: frozenset[str]) -> bool:
+        if not self.context.config.precompile:
+            return False
+        reason = _compat.precompile_unsupported()
+        if reason is not None:
+            log.info("compile_once: precompiled functions are off: %s", reason)
+            return False
+        return True
+
+    def hooks(self, routed: frozenset[str]) -> Iterable:
+        return (_compat.precompiled_functions(self.load, self.recorded, self.on_install),)
+
+    def compile_ended(self) -> None:
+        self.publish_ready()
+
     def load(self, key: str) -> bytes | None:
         """The verified package of ``key`` from the store, its kernels written; or ``None``."""
-        session = self._session
-        flight = session.flight()
+        context = self.context
+        flight = context.flight()
         if flight is None:
             return None
-        store_key = session.store_key(KIND, key)
+        store_key = context.store_key(KIND, key)
         result = flight.lookup(store_key, blocking=False)
         if result.value is None:
             return None
         try:
-            sealed = open_sealed(store_key, result.value, secret=session.config.secret)
+            sealed = open_sealed(store_key, result.value, secret=context.config.secret)
         except IntegrityError as exc:
             log.warning("compile_once: rejected precompiled function %s from the store: %s; tracing it", key, exc)
-            session.events.instant("rejected", key=short_key(store_key), why=str(exc))
+            context.events.instant("rejected", key=short_key(store_key), why=str(exc))
             return None
         try:
-            written = session.kernels.emit(sealed.files) if sealed.files else 0
+            written = context.kernels.emit(sealed.files) if sealed.files else 0
         except OSError as exc:
             log.warning("compile_once: could not write a package's kernels (%s); Inductor will compile them", exc)
             written = 0
-        session.kernels.record(KIND, sealed.files, 0.0)
-        session.events.instant("receive", key=short_key(store_key), bytes=len(result.value), kernels=written,
+        context.kernels.record(KIND, sealed.files, 0.0)
+        context.events.instant("receive", key=short_key(store_key), bytes=len(result.value), kernels=written,
                                **{"from": "store"})
         with self._lock:
             self._known[key] = sealed.meta.get("entries", 0)
@@ -125,7 +146,7 @@ class PrecompiledFunctions:
                 self._known.pop(key, None)
         if error is not None:
             log.warning("compile_once: precompiled function %s not installed (%s); tracing it", key, error)
-            self._session.events.instant("rejected", key=short_key(self._session.store_key(KIND, key)),
+            self.context.events.instant("rejected", key=short_key(self.context.store_key(KIND, key)),
                                          why=f"not installed: {error}")
 
     def publish_ready(self) -> None:
@@ -137,11 +158,12 @@ class PrecompiledFunctions:
             log.warning("compile_once: publishing a precompiled function failed", exc_info=True)
 
     def _publish_ready(self) -> None:
-        session = self._session
-        flight = session.flight()
+        context = self.context
+        flight = context.flight()
         if flight is None or not self._recorded:
             return
-        if session.ranks.reads_in_compiles or session.ranks.marked:
+        ranks = context.feature(RankDependence)
+        if ranks is not None and (ranks.reads_in_compiles or ranks.marked):
             if not self._told_rank_read:
                 log.info("compile_once: this process's compiles read the rank; its precompiled functions "
                          "are not shared")
@@ -161,13 +183,13 @@ class PrecompiledFunctions:
                 if entries <= self._known.get(key, 0):
                     continue
                 self._known[key] = entries
-            store_key = session.store_key(KIND, key)
+            store_key = context.store_key(KIND, key)
             try:
                 first = flight.store.add_if_absent(f"n/{store_key}/{entries}", b"1")
             except StoreError as exc:  # the publish below finds the store failed and records it
                 log.debug("could not mark package %s: %s", key, exc)
                 first = True
             if first:
-                session.publish(flight, KIND, store_key, pickle.dumps(entry), session.kernels.read_recorded(),
+                context.publish(flight, KIND, store_key, pickle.dumps(entry), context.kernels.read_recorded(),
                                 extra_meta={"entries": entries})
                 self.counts.published += 1

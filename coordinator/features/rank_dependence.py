@@ -6,24 +6,30 @@ rank looks the graph up under the same key. While this rank compiles a graph it
 missed, reads of the rank by code other than torch.distributed's are recorded
 (``_compat.rank_reads``); a graph compiled with any is published as a *rank-dependent
 mark* instead of its entry, kept out of Inductor's local cache, and every rank that
-looks it up compiles its own.
+looks it up compiles its own. Always on: it is a rule of sharing, not a choice.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 
 from coordinator import _compat
+from coordinator.features.base import Context, Feature
+from coordinator.protocol.singleflight import Singleflight
 
 log = logging.getLogger(__name__)
 
 
-class RankDependence:
+class RankDependence(Feature):
     """The FX graphs this process compiles, the rank reads seen while it does, and the
     store keys known to depend on the rank."""
 
-    def __init__(self) -> None:
+    name = "rank_dependence"
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
         #: FX graphs this thread is compiling (store key -> (Inductor's key, rank reads since its miss)).
         self._compiling = threading.local()
         #: Store keys of graphs whose code depends on the rank: never published, never loaded.
@@ -79,3 +85,35 @@ class RankDependence:
             self.marked.add(key)
             log.info("compile_once: FX graph %s depends on the rank (rank %s read it in %s); compiling it "
                      "on this rank", key, meta.get("rank"), ", ".join(meta.get("reads", [])))
+
+    # -- the feature's seam --------------------------------------------------------------
+
+    def hooks(self, routed: frozenset[str]) -> Iterable:
+        return (_compat.rank_reads(self.rank_read),)
+
+    def missed(self, kind: str, key: str, inductor_key: str) -> None:
+        if _compat.CACHE_KINDS[kind].rank_checked:
+            self.compiling(key, inductor_key)
+
+    def accepts(self, kind: str, key: str, meta: dict) -> bool:
+        if not meta.get("rank_dependent"):
+            return True
+        self.received_mark(key, meta)
+        return False
+
+    def keeps_locally(self, local_key: str) -> bool:
+        return self.keep_locally(local_key)
+
+    def publishes(self, flight: Singleflight, kind: str, key: str, data: bytes) -> bool:
+        """A graph compiled while the rank was read is published as a mark, not an entry."""
+        if not _compat.CACHE_KINDS[kind].rank_checked:
+            return False
+        reads = self.compiled(key)
+        if reads is None:
+            return False
+        context = self.context
+        context.kernels.forget(key)
+        context.stats.record_rank_dependent()
+        if self.mark(key, reads):  # ranks waiting on it, and every later lookup, compile their own
+            context.publish(flight, kind, key, b"", {}, extra_meta={"rank_dependent": True, "reads": reads})
+        return True

@@ -53,12 +53,13 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Any
 
 from coordinator import _compat
-from coordinator.observe.trace import NO_EVENTS, NoEvents, short_key
-from coordinator.protocol.singleflight import Singleflight
+from coordinator.features.base import Context, Feature
+from coordinator.observe.trace import short_key
+from coordinator.protocol.singleflight import LookupResult, Singleflight
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,12 @@ class SplitShareCounts:
     #: Submodules the chain found no entry for after their slot ended: a propagated
     #: input that differed from the chain's, or an owner that gave up or died.
     missed: int = 0
+
+    def summary(self) -> str:
+        if not (self.compiled or self.skipped or self.failed or self.waited or self.missed):
+            return ""
+        return (f"split graphs compiled for the job: {self.compiled} ({self.seconds:.1f}s), {self.skipped} skipped, "
+                f"{self.failed} failed; waited for {self.waited}, {self.missed} compiled in the chain")
 
 
 def deal(costs: list[int], world: int) -> list[int]:
@@ -137,14 +144,16 @@ def _settings_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-class SplitShares:
+class SplitShares(Feature):
     """One rank's shares of the frames DDPOptimizer splits, and the chain's slot waits."""
 
-    def __init__(self, flight: Callable[[], Singleflight | None], store_key: Callable[[str, str], str],
-                 events: NoEvents = NO_EVENTS) -> None:
-        self._flight = flight
-        self._store_key = store_key
-        self._events = events
+    name = "split_shares"
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
+        self._flight = context.flight
+        self._store_key = context.store_key
+        self._events = context.events
         self._job: str | None = None
         self._running = threading.local()
         #: (id of a split frame, index) -> (its slot's key, its "done" mark's key).
@@ -154,6 +163,49 @@ class SplitShares:
     def compiling(self) -> bool:
         """Whether this thread is compiling a share's submodule."""
         return getattr(self._running, "share", False)
+
+    # -- the feature's seam --------------------------------------------------------------
+
+    def enabled(self, routed: frozenset[str]) -> bool:
+        """Where the split graphs are served from AOTAutograd's cache: the chain loads the
+        shares through it."""
+        config = self.context.config
+        return (config.concurrent_splits and config.cache_ddp_graphs and {"aot_autograd", "fx_graph"} <= routed
+                and _compat.split_graphs_unsupported() is None)
+
+    def hooks(self, routed: frozenset[str]) -> Iterable:
+        return (_compat.split_frames(self.before_chain),)
+
+    def looked_up(self, flight: Singleflight, kind: str, key: str, result: LookupResult,
+                  rejected: bytes | None) -> LookupResult:
+        if result.value is not None:
+            return result
+        if kind == "fx_graph" and result.outcome != "claimed" and self.compiling():
+            # A share waits on nothing: a graph another rank is compiling leaves this
+            # submodule to the chain.
+            raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
+        if kind == "aot_autograd" and rejected is None:
+            return self._follow_share(flight, kind, key, result)
+        return result
+
+    def _follow_share(self, flight: Singleflight, kind: str, key: str, result: LookupResult) -> LookupResult:
+        """A split frame's chain found no AOTAutograd entry: wait while another rank
+        compiles that submodule for the job, then look again."""
+        position = _compat.chain_position()
+        if position is None:
+            return result
+        again = self.follow(flight, position)
+        if again is None:
+            return result
+        if again:
+            result = self.context.lookup(flight, kind, key)
+        if result.value is None:
+            self.chain_missed()
+        return result
+
+    def backward_deferred(self, backward: Any) -> bool:
+        """A share's own backward is compiled with it."""
+        return _compat.capture_backward(backward)
 
     # -- the share -------------------------------------------------------------------------
 
@@ -249,7 +301,7 @@ class SplitShares:
                          result.outcome, result.outcome))
         return False
 
-    def missed(self) -> None:
+    def chain_missed(self) -> None:
         """The chain compiles a submodule of a split frame itself: its slot ended without
         an entry under the chain's key."""
         self.counts.missed += 1

@@ -13,17 +13,27 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 
+from coordinator import _compat
+from coordinator.features.base import Context, Feature
 from coordinator.protocol.singleflight import Singleflight
 
+#: The kind whose keys are claimed only inside a tuning step.
+KIND = "autotune"
 
-class TuningSteps:
+
+class TuningSteps(Feature):
     """The tuning step open on each thread of this process, and the keys it claimed."""
 
-    def __init__(self, flight: Callable[[], Singleflight | None]) -> None:
-        self._flight = flight
+    name = "tuning_steps"
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
         self._thread = threading.local()
+
+    def hooks(self, routed: frozenset[str]) -> Iterable:
+        return (_compat.triton_tuning_hooks(self.step),) if KIND in routed else ()
 
     def claims(self) -> list[str] | None:
         """The autotune keys claimed by the step open on this thread (``None``: no step)."""
@@ -37,7 +47,17 @@ class TuningSteps:
             yield
         finally:
             self._thread.claims = None
-            flight = self._flight()
-            if claims and flight is not None:
+            flight = self.context.flight() if claims else None
+            if flight is not None:
                 for key in claims:
                     flight.abandon(key)  # a no-op for a key the step published
+
+    def lets_wait(self, kind: str) -> bool:
+        """Inside a step, a kernel's autotune lookup waits for the rank tuning it."""
+        return kind == KIND and self.claims() is not None
+
+    def publishes(self, flight: Singleflight, kind: str, key: str, data: bytes) -> bool:
+        """Saved before coordinate descent refines it (or by the descent, whose chosen
+        kernel is known when it returns): published then, and the claim stays until then."""
+        return kind == KIND and _compat.defer_autotune_save(
+            lambda files: self.context.publish(flight, kind, key, data, files))

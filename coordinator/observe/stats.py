@@ -90,14 +90,10 @@ class Stats:
         self.store_s = 0.0
         self.rank_dependent = 0
         self.store = "none"
-        #: Early backward compiles' counters (``coordinator.features.early_backward``).
-        self.early_backward: Any = None
+        #: Each compile feature's counters by its name (``coordinator.features``): a
+        #: dataclass while the feature is on, ``None`` while it is off.
+        self.features: dict[str, Any] = {}
         self.split_graphs = SplitGraphCounts()
-        #: Split frames' shares' counters (``coordinator.features.split_shares``), when on.
-        self.split_shares: Any = None
-        #: Precompiled functions' counters (``coordinator.features.precompiled``), when on.
-        self.precompiled: Any = None
-        #: Returns how many graphs skipped AOTAutograd (its cache hits) since the session began.
         self.aot_autograd_hits: Callable[[], int] = lambda: 0
 
     def count(self, event: dict) -> None:
@@ -181,14 +177,10 @@ class Stats:
                 "store_calls": self.store_calls,
                 "store_s": round(self.store_s, 3),
                 "by_cache": {kind: dataclasses.asdict(c) for kind, c in sorted(self.kinds.items())},
-                "early_backward": (dataclasses.asdict(self.early_backward)
-                                   if self.early_backward is not None else None),
                 "graphs_skipped_aot_autograd": self.aot_autograd_hits(),
                 "ddp_split_graphs": dataclasses.asdict(self.split_graphs),
-                "split_shares": (dataclasses.asdict(self.split_shares)
-                                 if self.split_shares is not None else None),
-                "precompiled_functions": (dataclasses.asdict(self.precompiled)
-                                          if self.precompiled is not None else None),
+                **{name: dataclasses.asdict(counts) if counts is not None else None
+                   for name, counts in self.features.items()},
             }
 
     def summary(self) -> str:
@@ -211,17 +203,8 @@ class Stats:
                 f"{d['timeout_extension_s']:.0f}s; store {d['store_calls']} calls, {d['store_s']:.1f}s, "
                 f"{d['store_fetches']} fetches"
                 + self._aot_summary(d["graphs_skipped_aot_autograd"], d["ddp_split_graphs"])
-                + self._early_summary(d["early_backward"])
-                + self._shares_summary(d["split_shares"])
-                + self._precompiled_summary(d["precompiled_functions"])
+                + "".join(f"; {line}" for line in self._feature_lines())
                 + f"; by cache {d['by_cache']}")
-
-    @staticmethod
-    def _precompiled_summary(p: dict | None) -> str:
-        if p is None:
-            return ""
-        return (f"; {p['installed']} functions installed without tracing, {p['published']} published, "
-                f"{p['failed']} not installed")
 
     @staticmethod
     def _aot_summary(skipped: int, split: dict) -> str:
@@ -230,17 +213,8 @@ class Stats:
         return (f"; {skipped} graphs skipped AOTAutograd ({split['served']} of them DDP split graphs; "
                 f"{split['saved']} split graphs saved, {split['bypassed'] + split['refused']} left to AOTAutograd)")
 
-    @staticmethod
-    def _shares_summary(s: dict | None) -> str:
-        if not s or not any(s[name] for name in ("compiled", "skipped", "failed", "waited", "missed")):
-            return ""
-        return (f"; split graphs compiled for the job: {s['compiled']} ({s['seconds']:.1f}s), {s['skipped']} skipped, "
-                f"{s['failed']} failed; waited for {s['waited']}, {s['missed']} compiled in the chain")
-
-    @staticmethod
-    def _early_summary(e: dict | None) -> str:
-        if not e or not (e["compiled"] or e["skipped"] or e["failed"]):
-            return ""
-        return (f"; backward graphs compiled early while waiting: {e['compiled']} ({e['seconds']:.1f}s), "
-                f"{e['skipped']} left to other ranks, {e['failed']} failed")
-
+    def _feature_lines(self) -> list[str]:
+        """Each feature's line (its counts' ``summary()``), where it has something to say."""
+        with self._lock:
+            counts = [c for c in self.features.values() if c is not None and hasattr(c, "summary")]
+        return [line for line in (c.summary() for c in counts) if line]
