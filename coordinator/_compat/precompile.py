@@ -108,21 +108,21 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from coordinator._compat.versions import CHECKED_ON, unchecked
+
 log = logging.getLogger(__name__)
 
 #: Torch versions (major, minor) whose sources this was read from and whose tests pass.
-PRECOMPILE_VERSIONS = ((2, 11), (2, 13), (2, 14))
+PRECOMPILE_VERSIONS = CHECKED_ON["precompile"]
 
 _NUMBERED = re.compile(r"_(\d+)$")
 
 
 def precompile_unsupported() -> str | None:
     """Why this torch gets no precompiled functions, or ``None``."""
-    import torch
-
-    version = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
-    if version not in PRECOMPILE_VERSIONS:
-        return f"torch {torch.__version__} is not among the versions checked ({PRECOMPILE_VERSIONS})"
+    why = unchecked("precompile")
+    if why is not None:
+        return why
     try:
         import torch._dynamo.package  # noqa: F401
         from torch._dynamo.precompile_context import PrecompileContext  # noqa: F401
