@@ -36,6 +36,7 @@ import logging
 from collections.abc import Callable, Iterator
 
 from coordinator import _compat
+from coordinator.features.kernel_tuning import KernelTuning
 from coordinator.features.local_hits import share_local_hit
 from coordinator.features.precompiled import PrecompiledFunctions
 from coordinator.session import Session
@@ -132,7 +133,7 @@ def route_caches(session: Session) -> Iterator[None]:
         _compat.bundles_of_final_kernels() if "fx_graph" in backends else contextlib.nullcontext(),
         _compat.cpu_kernels_resolved(session.kernels.resolved)
         if "fx_graph" in backends and session.config.ship_cpu_kernels else contextlib.nullcontext(),
-        _compat.triton_tuning_hooks(session.tuning.step) if tune else contextlib.nullcontext(),
+        _compat.triton_tuning_hooks(KernelTuning(session.tuning.step)) if tune else contextlib.nullcontext(),
         _compat.precompile_choices_in_process() if session.config.compile_choices_once
         else contextlib.nullcontext(),
         _compat.deferred_backwards(session.backward_deferred)
