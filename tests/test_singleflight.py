@@ -278,8 +278,8 @@ def test_stale_claim_from_a_dead_job_is_taken_over(tmp_path):
     store = open_store(f"file://{tmp_path}")
     old = flight(store, 0)
     old.lookup("k", blocking=True)
-    old._heartbeat.stop()  # the old job vanished without cleaning up
-    old._claims.clear()
+    old._claims.heartbeat.stop()  # the old job vanished without cleaning up
+    old._claims.held.clear()
     start = time.monotonic()
     r = flight(store, 1, lease=0.5).lookup("k", blocking=True)
     assert r.outcome == "claimed"

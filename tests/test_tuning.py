@@ -26,6 +26,7 @@ from coordinator.features.artifacts import (
     emit_triton_kernels,
     read_triton_kernel,
 )
+from coordinator.features.kernel_tuning import KernelTuning
 from coordinator.features.tuning_steps import TuningSteps
 from coordinator.session import Session
 
@@ -105,7 +106,7 @@ def tuning(tmp_path, monkeypatch):
     for name in ("autotune_to_one_config", "coordinate_descent_tuning"):
         monkeypatch.setattr(th.CachingAutotuner, name, getattr(StandInTuner, name))
     # No recheck backport: no CUDA here.
-    monkeypatch.setattr(_compat.triton_tuning, "_torch_before", lambda *version: False)
+    monkeypatch.setattr(_compat.triton_tuning, "needs_fix", lambda bug: False)
     url = f"file://{tmp_path / 'store'}"
     leader = Session(Config(store=url))
     store = leader.flight().store
@@ -116,7 +117,7 @@ def tuning(tmp_path, monkeypatch):
         blob = store.get(f"v/{leader.store_key('autotune', name)}")
         return None if blob is None else open_sealed(leader.store_key("autotune", name), blob)
 
-    with _compat.triton_tuning_hooks(leader.feature(TuningSteps).step):
+    with _compat.triton_tuning_hooks(KernelTuning(leader.feature(TuningSteps).step)):
         yield SimpleNamespace(leader=leader, published=published, triton_dir=triton_dir, url=url,
                               tuner=lambda name, **kw: StandInTuner(leader, name, triton_dir, **kw),
                               call=lambda tuner, method, *a: getattr(th.CachingAutotuner, method)(tuner, *a))

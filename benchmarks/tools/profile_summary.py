@@ -24,7 +24,7 @@ from pathlib import Path
 OWN_WORK = "coordinator's own work (hooks, packing, loading)"
 PHASES = [
     ("coordinator store calls", ["coordinator/protocol/stores/"]),
-    ("coordinator waits for another rank", ["_wait (coordinator/protocol/singleflight.py"]),
+    ("coordinator waits for another rank", ["wait (coordinator/protocol/waiting.py"]),
     ("imports", ["_find_and_load"]),
     (OWN_WORK, []),
     ("C++ kernel compile (gcc, in this process)", ["cpp_builder.py"]),

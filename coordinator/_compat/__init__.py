@@ -39,8 +39,12 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   (CPU tests). 2.13 already drops the losing configs
   of kernels it tuned (``TritonBundler.put_winner``), not untuned template choices. Ran in
   the GPU tier and the max-autotune benchmark on 2.11.0.
-* ``triton_tuning``: the autotune-hold protocol's tuning steps (``triton_tuning_hooks``,
-  ``route_autotune_cache``, ``share_config_kept_from_cache``):
+* ``versions``: the one torch version helper (``torch_version``, ``torch_before``) and
+  the one support table (``CHECKED_ON``: feature -> the versions it was checked on; ``FIXED_IN``:
+  the torch bugs worked around, with the version that fixed each).
+* ``triton_tuning``: the patches around a kernel's first-launch tuning, calling back the
+  autotune-hold protocol's tuner (``triton_tuning_hooks``, ``route_autotune_cache``,
+  ``share_config_kept_from_cache``):
   ``CachingAutotuner.autotune_to_one_config``, ``coordinate_descent_tuning``,
   ``recheck_autotune_cache``, ``restore_after_unpickle``, ``precompile``, ``save_cache_hook``,
   ``configs``/``compile_results``, ``filename``, ``inductor_meta``, ``triton_meta["device"]``;
@@ -68,7 +72,7 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   benchmark, the GPU tier).
 * ``split_graphs`` (with ``fake_outputs``, which describes and rebuilds fake tensors):
   AOTAutograd's cache for DDPOptimizer's split graphs (``cached_split_graphs``;
-  ``SPLIT_GRAPH_VERSIONS`` lists where it is on):
+  ``SPLIT_GRAPH_VERSIONS``, ``CHECKED_ON["split_graphs"]``, lists where it is on):
   ``autograd_cache.check_cacheable``, ``AOTAutogradCache.save``, ``FXGraphCacheMiss``,
   ``FakifiedOutWrapper``, ``GenericAOTAutogradResult.wrap_post_compile``,
   ``CompiledFxGraph.output_strides``, ``TracingContext.fakify_first_call``/``fw_metadata``/
@@ -84,7 +88,8 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   legs), on 2.11.0 on CPU before the put-back (its own test ran there too); on 2.11.0 on 4
   H100s over NCCL (the N=4 cold-start benchmark).
 * ``precompile``: Dynamo's precompiled functions (``precompiled_functions``,
-  ``complete_package``; ``PRECOMPILE_VERSIONS`` lists where it is offered):
+  ``complete_package``; ``PRECOMPILE_VERSIONS``, ``CHECKED_ON["precompile"]``, lists where it is
+  offered):
   ``torch._dynamo.config.caching_precompile``, ``DynamoCache.load``/``record_package``,
   ``CompilePackage`` (``install``, ``uninstall``, ``cache_entry``, ``source_id_from_fn``,
   ``add_import_source``, ``_codes``, ``_innermost_fn``, ``_current_entry``),
@@ -116,6 +121,7 @@ from coordinator._compat.caches import (
     CACHE_KINDS,
     NO_REDIS_URL,
     CacheKind,
+    WaitRule,
     compile_workers_without_redis,
     default_cache_dir,
     inductor_cache_dir,
@@ -159,6 +165,7 @@ from coordinator._compat.split_graphs import (
 from coordinator._compat.structured_trace import current_compile_id, emit_structured, structured_trace_on
 from coordinator._compat.triton_driver import warm_driver_utilities
 from coordinator._compat.triton_tuning import (
+    TunedKernel,
     adopt_config,
     defer_autotune_save,
     kernel_autotune_cache,
@@ -167,10 +174,13 @@ from coordinator._compat.triton_tuning import (
     triton_cache_dir,
     triton_tuning_hooks,
 )
+from coordinator._compat.versions import CHECKED_ON, FIXED_IN, torch_before, torch_version
 
 __all__ = [
+    "CHECKED_ON",
     "COLLECTIVE_SWITCHES",
     "DeferredBackward",
+    "FIXED_IN",
     "CACHE_KINDS",
     "CacheKind",
     "NO_REDIS_URL",
@@ -180,6 +190,8 @@ __all__ = [
     "SPLIT_GRAPH_VERSIONS",
     "SkipCompile",
     "SplitFrame",
+    "TunedKernel",
+    "WaitRule",
     "adopt_config",
     "aot_autograd_cache_hits",
     "bundles_of_final_kernels",
@@ -223,6 +235,8 @@ __all__ = [
     "split_frames",
     "split_graphs_unsupported",
     "structured_trace_on",
+    "torch_before",
+    "torch_version",
     "triton_cache_dir",
     "triton_tuning_hooks",
     "warm_driver_utilities",

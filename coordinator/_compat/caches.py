@@ -9,12 +9,34 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+class WaitRule(str, enum.Enum):
+    """When a rank may wait for a key of a cache kind that another rank holds.
+
+    A ``str`` enum: each member equals its value (``WaitRule.ALWAYS == "always"``).
+    """
+
+    ALWAYS = "always"
+    """Its owner finishes it inside a compile, with no collective."""
+    TUNING_STEP = "tuning_step"
+    """Only inside a kernel's tuning step (``TuningSteps.step``)."""
+    NEVER = "never"
+    """It may be finished after a collective: only read."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CacheKind:
@@ -30,10 +52,10 @@ class CacheKind:
     """Its class in ``torch._inductor.remote_cache``, whose ``backend_override_cls`` we set."""
     switches: tuple[tuple[str, str], ...]
     """(module, attribute) config switches that make Inductor consult it, on while routed."""
-    waits: str
-    """When a rank may wait for a key another rank holds: ``"always"`` (its owner finishes it
-    inside a compile, with no collective), ``"tuning_step"`` (only inside a kernel's tuning
-    step, ``TuningSteps.step``) or ``"never"`` (it may be finished after a collective: only read)."""
+    waits: WaitRule
+    """When a rank may wait for a key another rank holds: ``ALWAYS`` (its owner finishes it
+    inside a compile, with no collective), ``TUNING_STEP`` (only inside a kernel's tuning
+    step, ``TuningSteps.step``) or ``NEVER`` (it may be finished after a collective: only read)."""
     ships_kernels: bool
     """Whether the C++ kernels its compile built travel with its entry (``ship_cpu_kernels``)."""
     triton_only: bool
@@ -60,23 +82,26 @@ class CacheKind:
 
 _ALL = (
     CacheKind("fx_graph", "RemoteFxGraphCache", (("torch._inductor.config", "fx_graph_remote_cache"),),
-              waits="always", ships_kernels=True, triton_only=False, inductor_extends_timeout=True, default=True,
-              graphs=True, rank_checked=True, inside_aot_entries=True, saved_by_its_compile=True),
+              waits=WaitRule.ALWAYS, ships_kernels=True, triton_only=False, inductor_extends_timeout=True,
+              default=True, graphs=True, rank_checked=True, inside_aot_entries=True, saved_by_its_compile=True),
     CacheKind("autotune", "RemoteAutotuneCache", (("torch._inductor.config", "autotune_remote_cache"),),
-              waits="tuning_step", ships_kernels=False, triton_only=True, inductor_extends_timeout=False,
+              waits=WaitRule.TUNING_STEP, ships_kernels=False, triton_only=True, inductor_extends_timeout=False,
               default=True),
     # Opt-in: switching it on fails the second graph of a job on torch 2.11
     # (``AutotuneCacheBundler.begin_compile`` asserts on a bundler left over from the
     # previous graph), and per-kernel autotune entries already carry the same results.
     CacheKind("bundled_autotune", "RemoteBundledAutotuneCache",
               (("torch._inductor.config", "bundled_autotune_remote_cache"),),
-              waits="never", ships_kernels=False, triton_only=True, inductor_extends_timeout=True, default=False),
+              waits=WaitRule.NEVER, ships_kernels=False, triton_only=True, inductor_extends_timeout=True,
+              default=False),
     # Published after the backward compiles, which can follow forward-pass collectives (FSDP).
     CacheKind("aot_autograd", "RemoteAOTAutogradCache", (("torch._functorch.config", "enable_remote_autograd_cache"),),
-              waits="never", ships_kernels=False, triton_only=False, inductor_extends_timeout=True, default=True),
+              waits=WaitRule.NEVER, ships_kernels=False, triton_only=False, inductor_extends_timeout=True,
+              default=True),
     # Published at the end of the run.
     CacheKind("pgo", "RemoteDynamoPGOCache", (("torch._dynamo.config", "automatic_dynamic_remote_pgo"),),
-              waits="never", ships_kernels=False, triton_only=False, inductor_extends_timeout=False, default=True),
+              waits=WaitRule.NEVER, ships_kernels=False, triton_only=False, inductor_extends_timeout=False,
+              default=True),
 )
 #: Every cache kind, by name.
 CACHE_KINDS: dict[str, CacheKind] = {kind.name: kind for kind in _ALL}

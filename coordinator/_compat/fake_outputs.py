@@ -112,24 +112,9 @@ def describe_outputs(outputs: list[Any], inputs: list[Any]) -> dict:
         Undescribable: an output cannot be rebuilt exactly.
     """
     import torch
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.multiprocessing.reductions import StorageWeakRef
 
     printer = _printer()
-
-    def storage_of(t: Any) -> Any:
-        return StorageWeakRef(t.untyped_storage())
-
-    input_storages: dict[Any, list[int]] = {}
-    for j, t in enumerate(inputs):
-        input_storages.setdefault(storage_of(t), []).append(j)
-    members: dict[Any, list[int]] = {}
-    for index, out in enumerate(outputs):
-        if isinstance(out, torch.Tensor) and not any(out is earlier for earlier in outputs[:index]):
-            if type(out) is not FakeTensor:
-                raise Undescribable(f"output {index} is a {type(out).__name__}")
-            members.setdefault(storage_of(out), []).append(index)
-
+    input_storages, members = _storages(outputs, inputs)
     described: list[Any] = []
     used_inputs: dict[int, dict] = {}
     storages: dict[int, list[Any]] = {}
@@ -137,39 +122,76 @@ def describe_outputs(outputs: list[Any], inputs: list[Any]) -> dict:
         same = next((k for k, earlier in enumerate(outputs[:index]) if earlier is out), None)
         if same is not None:
             described.append(["same", same])
-            continue
-        if out is None:
+        elif out is None:
             described.append(["none"])
-            continue
-        if not isinstance(out, torch.Tensor):
+        elif not isinstance(out, torch.Tensor):
             described.append(["int", _expr(out, printer)])
-            continue
-        if out.layout != torch.strided or out.is_conj() or out.is_neg() or out.is_inference():
-            raise Undescribable(f"output {index} has a layout or flags the rebuild does not set")
-        storage = storage_of(out)
-        layout = _plain_layout(out, printer, f"output {index}")
-        owners = input_storages.get(storage, [])
-        if len(owners) > 1:
-            raise Undescribable(f"output {index} aliases inputs {owners}, which share storage")
-        if owners:
-            j = owners[0]
-            used_inputs[j] = _plain_layout(inputs[j], printer, f"input {j}")
-            if inputs[j] is out:
-                described.append(["input", j])
-                continue
-            holder: list[Any] | None = ["input", j]
-        elif len(members[storage]) > 1:
-            first = members[storage][0]
-            holder = ["output", first]
-            storages[first] = [_expr(out.untyped_storage().nbytes(), printer), str(out.device)]
         else:
-            holder = None
-        base = None
-        if holder is not None and layout["view"]:
-            base = next((["output", k] for k in range(index) if out._base is outputs[k]),
-                        next((["input", j] for j, t in enumerate(inputs) if out._base is t), ["storage"]))
-        described.append(["tensor", layout, holder, base])
+            owners = input_storages.get(_storage_of(out), [])
+            described.append(_describe_tensor(index, outputs, inputs, owners, members, printer, used_inputs, storages))
     return {"outputs": described, "inputs": used_inputs, "storages": storages}
+
+
+def _storage_of(t: Any) -> Any:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(t.untyped_storage())
+
+
+def _storages(outputs: list[Any], inputs: list[Any]) -> tuple[dict[Any, list[int]], dict[Any, list[int]]]:
+    """Which inputs, and which distinct tensor outputs, hold each storage.
+
+    Raises:
+        Undescribable: a tensor output is not a plain fake tensor.
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    input_storages: dict[Any, list[int]] = {}
+    for j, t in enumerate(inputs):
+        input_storages.setdefault(_storage_of(t), []).append(j)
+    members: dict[Any, list[int]] = {}
+    for index, out in enumerate(outputs):
+        if isinstance(out, torch.Tensor) and not any(out is earlier for earlier in outputs[:index]):
+            if type(out) is not FakeTensor:
+                raise Undescribable(f"output {index} is a {type(out).__name__}")
+            members.setdefault(_storage_of(out), []).append(index)
+    return input_storages, members
+
+
+def _describe_tensor(index: int, outputs: list[Any], inputs: list[Any], owners: list[int],
+                     members: dict[Any, list[int]], printer: Any, used_inputs: dict[int, dict],
+                     storages: dict[int, list[Any]]) -> list[Any]:
+    """Tensor output ``index`` as :func:`describe_outputs` describes it (``["input", j]``
+    or ``["tensor", layout, storage, base]``); ``owners``: the inputs holding its storage.
+    Records the inputs it uses in ``used_inputs`` and a storage it shares with a later
+    output in ``storages``."""
+    import torch
+
+    out = outputs[index]
+    if out.layout != torch.strided or out.is_conj() or out.is_neg() or out.is_inference():
+        raise Undescribable(f"output {index} has a layout or flags the rebuild does not set")
+    storage = _storage_of(out)
+    layout = _plain_layout(out, printer, f"output {index}")
+    if len(owners) > 1:
+        raise Undescribable(f"output {index} aliases inputs {owners}, which share storage")
+    if owners:
+        j = owners[0]
+        used_inputs[j] = _plain_layout(inputs[j], printer, f"input {j}")
+        if inputs[j] is out:
+            return ["input", j]
+        holder: list[Any] | None = ["input", j]
+    elif len(members[storage]) > 1:
+        first = members[storage][0]
+        holder = ["output", first]
+        storages[first] = [_expr(out.untyped_storage().nbytes(), printer), str(out.device)]
+    else:
+        holder = None
+    base = None
+    if holder is not None and layout["view"]:
+        base = next((["output", k] for k in range(index) if out._base is outputs[k]),
+                    next((["input", j] for j, t in enumerate(inputs) if out._base is t), ["storage"]))
+    return ["tensor", layout, holder, base]
 
 
 def deserialize(shape_env: Any, text: str) -> Any:

@@ -93,8 +93,27 @@ def fx_graph_lookups(
     original_write = fx_cache.__dict__["_write_to_local_cache"]
     original_worker = codecache._worker_compile_cpp
     recording = threading.local()
-    parameters = list(inspect.signature(original_lookup.__func__).parameters)
-    guards_at = parameters.index("evaluate_guards") - 4 if "evaluate_guards" in parameters else None
+
+    def write_to_local_cache(key: str, content: bytes) -> None:
+        if keep_locally is None or keep_locally(key):
+            original_write.__func__(key, content)
+        else:
+            log.debug("not keeping FX graph %s in the local cache", key)
+
+    fx_cache._lookup_graph = staticmethod(_lookup_graph_patch(fx_cache, original_lookup, recording, served))
+    fx_cache._write_to_local_cache = staticmethod(write_to_local_cache)
+    codecache._worker_compile_cpp = _worker_compile_cpp_patch(original_worker, recording)
+    try:
+        yield
+    finally:
+        fx_cache._lookup_graph = original_lookup
+        fx_cache._write_to_local_cache = original_write
+        codecache._worker_compile_cpp = original_worker
+
+
+def _worker_compile_cpp_patch(original_worker: Callable[..., None], recording: threading.local) -> Callable[..., None]:
+    """``codecache._worker_compile_cpp`` that also records its builders' target files
+    in ``recording.files`` while a lookup records them."""
 
     def worker_compile_cpp(*args: Any, **kwargs: Any) -> None:
         # (lock_path, builders) on 2.13; (lock_path, builder, ...) in some earlier versions.
@@ -105,6 +124,16 @@ def fx_graph_lookups(
                     if hasattr(builder, "get_target_file_path"):
                         files.append(builder.get_target_file_path())
         return original_worker(*args, **kwargs)
+
+    return worker_compile_cpp
+
+
+def _lookup_graph_patch(fx_cache: Any, original_lookup: Any, recording: threading.local,
+                        served: Callable[[str, Callable[[], bytes | None], list[str]], None] | None,
+                        ) -> Callable[..., Any]:
+    """``FxGraphCache._lookup_graph`` as :func:`fx_graph_lookups` wraps it."""
+    parameters = list(inspect.signature(original_lookup.__func__).parameters)
+    guards_at = parameters.index("evaluate_guards") - 4 if "evaluate_guards" in parameters else None
 
     def lookup_graph(key: str, example_inputs: Any, local: bool, remote_cache: Any, *args: Any, **kwargs: Any) -> Any:
         outer = getattr(recording, "files", None)
@@ -129,21 +158,7 @@ def fx_graph_lookups(
             _report_hit(served, fx_cache, key, graph, remote_cache, files)
         return result
 
-    def write_to_local_cache(key: str, content: bytes) -> None:
-        if keep_locally is None or keep_locally(key):
-            original_write.__func__(key, content)
-        else:
-            log.debug("not keeping FX graph %s in the local cache", key)
-
-    fx_cache._lookup_graph = staticmethod(lookup_graph)
-    fx_cache._write_to_local_cache = staticmethod(write_to_local_cache)
-    codecache._worker_compile_cpp = worker_compile_cpp
-    try:
-        yield
-    finally:
-        fx_cache._lookup_graph = original_lookup
-        fx_cache._write_to_local_cache = original_write
-        codecache._worker_compile_cpp = original_worker
+    return lookup_graph
 
 
 def _report_hit(served: Callable[[str, Callable[[], bytes | None], list[str]], None], fx_cache: Any, key: str,

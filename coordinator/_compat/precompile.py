@@ -108,21 +108,21 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from coordinator._compat.versions import CHECKED_ON, unchecked
+
 log = logging.getLogger(__name__)
 
 #: Torch versions (major, minor) whose sources this was read from and whose tests pass.
-PRECOMPILE_VERSIONS = ((2, 11), (2, 13), (2, 14))
+PRECOMPILE_VERSIONS = CHECKED_ON["precompile"]
 
 _NUMBERED = re.compile(r"_(\d+)$")
 
 
 def precompile_unsupported() -> str | None:
     """Why this torch gets no precompiled functions, or ``None``."""
-    import torch
-
-    version = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
-    if version not in PRECOMPILE_VERSIONS:
-        return f"torch {torch.__version__} is not among the versions checked ({PRECOMPILE_VERSIONS})"
+    why = unchecked("precompile")
+    if why is not None:
+        return why
     try:
         import torch._dynamo.package  # noqa: F401
         from torch._dynamo.precompile_context import PrecompileContext  # noqa: F401
@@ -201,10 +201,16 @@ def _advance_name_counter(names: Iterator[str]) -> None:
 def _guard_state_mends() -> Iterator[None]:
     """The guard-state mends of the module docstring: ``_Missing`` grads, FSDP2 classes
     of blocks not sharded yet, guards that do not serialize; restored on exit."""
+    with _unpickler_mends(), _serialization_mends(), _load_guards_state_mend(), _reducer_mend(), \
+            _import_sources_mend():
+        yield
+
+
+@contextlib.contextmanager
+def _unpickler_mends() -> Iterator[None]:
+    """Guard states unpickle ``_Missing`` grads as ``None``, and FSDP2 classes of blocks
+    not sharded yet (:func:`fsdp_class`)."""
     import torch._dynamo.guards as guards_module
-    import torch._dynamo.output_graph as output_graph_module
-    import torch._dynamo.package as package_module
-    from torch._dynamo.exc import PackageError
 
     pickler = guards_module.GuardsStatePickler
     torch_unpickle_tensor = pickler.__dict__["_unpickle_tensor"]
@@ -220,6 +226,22 @@ def _guard_state_mends() -> Iterator[None]:
     def _unpickle_fsdp_module_type(cls: type, original_type: type) -> type:
         # Named as torch's: guard states pickle this method by its name.
         return fsdp_class(original_type)
+
+    pickler._unpickle_tensor = classmethod(_unpickle_tensor)
+    pickler._unpickle_fsdp_module_type = classmethod(_unpickle_fsdp_module_type)
+    try:
+        yield
+    finally:
+        pickler._unpickle_tensor = torch_unpickle_tensor
+        pickler._unpickle_fsdp_module_type = torch_unpickle_fsdp_type
+
+
+@contextlib.contextmanager
+def _serialization_mends() -> Iterator[None]:
+    """Guards that do not serialize raise ``PackageError`` (the package entry is bypassed)
+    and leave an empty guard state behind."""
+    import torch._dynamo.guards as guards_module
+    from torch._dynamo.exc import PackageError
 
     manager = guards_module.CheckFunctionManager
     torch_manager_init = manager.__init__
@@ -241,6 +263,56 @@ def _guard_state_mends() -> Iterator[None]:
             # bypassed entry ignores it.
             self.guards_state = b""
 
+    manager.__init__, manager.serialize_guards = manager_init, serialize_guards
+    try:
+        yield
+    finally:
+        manager.__init__, manager.serialize_guards = torch_manager_init, torch_serialize
+
+
+@contextlib.contextmanager
+def _load_guards_state_mend() -> Iterator[None]:
+    """FSDP2 modules keep their class while a guard state loads."""
+    import torch._dynamo.package as package_module
+
+    torch_load_guards_state = package_module.load_guards_state
+
+    def load_guards_state(guards_state: bytes) -> Any:
+        with _fsdp_modules_keep_their_class():
+            return torch_load_guards_state(guards_state)
+
+    package_module.load_guards_state = load_guards_state
+    try:
+        yield
+    finally:
+        package_module.load_guards_state = torch_load_guards_state
+
+
+@contextlib.contextmanager
+def _reducer_mend() -> Iterator[None]:
+    """Guard states pickle a function behind wrappers as that function."""
+    import torch._dynamo.guards as guards_module
+
+    pickler = guards_module.GuardsStatePickler
+    torch_reduce = pickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        behind = _behind_wrappers(obj)
+        return (_function_behind_wrappers, behind) if behind is not None else torch_reduce(self, obj)
+
+    pickler.reducer_override = reducer_override
+    try:
+        yield
+    finally:
+        pickler.reducer_override = torch_reduce
+
+
+@contextlib.contextmanager
+def _import_sources_mend() -> Iterator[None]:
+    """A module the output graph installs as a global becomes an import source of the
+    package being recorded."""
+    import torch._dynamo.output_graph as output_graph_module
+
     graph_class = output_graph_module.OutputGraph
     torch_install_global = graph_class.install_global_unsafe
 
@@ -250,33 +322,11 @@ def _guard_state_mends() -> Iterator[None]:
         if isinstance(value, types.ModuleType) and package is not None and package._current_entry is not None:
             package.add_import_source(name, value.__name__)
 
-    torch_reduce = pickler.reducer_override
-
-    def reducer_override(self: Any, obj: Any) -> Any:
-        behind = _behind_wrappers(obj)
-        return (_function_behind_wrappers, behind) if behind is not None else torch_reduce(self, obj)
-
-    torch_load_guards_state = package_module.load_guards_state
-
-    def load_guards_state(guards_state: bytes) -> Any:
-        with _fsdp_modules_keep_their_class():
-            return torch_load_guards_state(guards_state)
-
-    pickler._unpickle_tensor = classmethod(_unpickle_tensor)
-    pickler._unpickle_fsdp_module_type = classmethod(_unpickle_fsdp_module_type)
-    manager.__init__, manager.serialize_guards = manager_init, serialize_guards
-    package_module.load_guards_state = load_guards_state
-    pickler.reducer_override = reducer_override
     graph_class.install_global_unsafe = install_global_unsafe
     try:
         yield
     finally:
         graph_class.install_global_unsafe = torch_install_global
-        pickler.reducer_override = torch_reduce
-        package_module.load_guards_state = torch_load_guards_state
-        pickler._unpickle_tensor = torch_unpickle_tensor
-        pickler._unpickle_fsdp_module_type = torch_unpickle_fsdp_type
-        manager.__init__, manager.serialize_guards = torch_manager_init, torch_serialize
 
 
 @contextlib.contextmanager
@@ -290,11 +340,38 @@ def precompiled_functions(
     ``on_install(key, error)``; all restored on exit."""
     import torch._dynamo.config as dynamo_config
     import torch._dynamo.package as package_module
-    from torch._dynamo.precompile_context import PrecompileContext
 
     cache = package_module.DynamoCache
     package_class = package_module.CompilePackage
     torch_load, torch_record, torch_install = cache.load, cache.record_package, package_class.install
+
+    def record_package(package: Any) -> None:
+        torch_record(package)
+        key = package_key(package._innermost_fn)
+        if key is not None:
+            recorded(key, package)
+
+    saved_flag = dynamo_config.caching_precompile
+    dynamo_config.caching_precompile = True
+    cache.load = _load_entry_patch(torch_load, load, on_install)
+    cache.record_package = record_package
+    package_class.install = _install_patch(torch_install, on_install)
+    try:
+        with _guard_state_mends(), _aot_keys_without_backend_ids():
+            yield
+    finally:
+        dynamo_config.caching_precompile = saved_flag
+        package_class.install = torch_install
+        for name in ("load", "record_package"):
+            cache.__dict__.pop(name, None)
+
+
+def _load_entry_patch(torch_load: Callable[[Callable[..., Any]], Any], load: Callable[[str], bytes | None],
+                      on_install: Callable[[str, BaseException | None], None]) -> Callable[[Callable[..., Any]], Any]:
+    """``DynamoCache.load`` that loads a function's package from ``load(package key)``
+    first, reporting an entry that does not fit to ``on_install``."""
+    import torch._dynamo.package as package_module
+    from torch._dynamo.precompile_context import PrecompileContext
 
     def load_entry(fn: Callable[..., Any]) -> Any:
         key = package_key(fn)
@@ -313,11 +390,16 @@ def precompiled_functions(
             PrecompileContext.record_artifact(backend)
         return entry
 
-    def record_package(package: Any) -> None:
-        torch_record(package)
-        key = package_key(package._innermost_fn)
-        if key is not None:
-            recorded(key, package)
+    return load_entry
+
+
+def _install_patch(torch_install: Callable[[Any, dict], None],
+                   on_install: Callable[[str, BaseException | None], None]) -> Callable[[Any, dict], None]:
+    """``CompilePackage.install`` into the function's own globals, each outcome reported
+    to ``on_install``; a failed install is undone and raised as a ``RuntimeError``."""
+    import torch._dynamo.package as package_module
+
+    package_class = package_module.CompilePackage
 
     def install(package: Any, backends: dict) -> None:
         key = package_key(package._innermost_fn) or package.source_id
@@ -344,17 +426,7 @@ def precompiled_functions(
                                   for name in list(vars(module)) if name.startswith("__"))
         on_install(key, None)
 
-    saved_flag = dynamo_config.caching_precompile
-    dynamo_config.caching_precompile = True
-    cache.load, cache.record_package, package_class.install = load_entry, record_package, install
-    try:
-        with _guard_state_mends(), _aot_keys_without_backend_ids():
-            yield
-    finally:
-        dynamo_config.caching_precompile = saved_flag
-        package_class.install = torch_install
-        for name in ("load", "record_package"):
-            cache.__dict__.pop(name, None)
+    return install
 
 
 @contextlib.contextmanager

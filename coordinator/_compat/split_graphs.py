@@ -71,11 +71,12 @@ from coordinator._compat.fake_outputs import (
     same_outputs,
     strides_as_read,
 )
+from coordinator._compat.versions import CHECKED_ON, unchecked
 
 log = logging.getLogger(__name__)
 
 #: Torch versions (major, minor) whose sources this was read from and whose tests pass.
-SPLIT_GRAPH_VERSIONS = ((2, 11), (2, 13), (2, 14))
+SPLIT_GRAPH_VERSIONS = CHECKED_ON["split_graphs"]
 
 #: The attribute of an AOTAutograd entry that holds the description of its fake outputs.
 RECORD_ATTRIBUTE = "_coordinator_fake_outputs"
@@ -86,10 +87,9 @@ def split_graphs_unsupported() -> str | None:
     """Why this torch cannot serve DDPOptimizer's split graphs from the cache, or ``None``."""
     import torch
 
-    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-    if version not in SPLIT_GRAPH_VERSIONS:
-        checked = ", ".join(f"{major}.{minor}" for major, minor in SPLIT_GRAPH_VERSIONS)
-        return f"torch {torch.__version__} is not one of the versions this was checked on ({checked})"
+    why = unchecked("split_graphs")
+    if why is not None:
+        return why
     try:
         _patch_points()
     except (ImportError, AttributeError) as exc:

@@ -1,18 +1,16 @@
-"""The autotune-hold protocol, Triton's side: a kernel's tuning at its first launch.
+"""The autotune-hold protocol, Triton's side: the patches around a kernel's first-launch tuning.
 
 A Triton kernel tunes at its first launch: it compiles its configs (``precompile``), searches
 them (``autotune_to_one_config``), then, with coordinate descent on, refines the winner
-(``coordinate_descent_tuning``). Each of those runs inside one *tuning step* of the session
-(``TuningSteps.step``): the only place an autotune key is claimed, and a leaf (no
-collective, no blocking lookup), so no wait cycle can form through it (``docs/design.md``).
-Inside the step the kernel first looks for a config another rank published and adopts it
-(``adopt_config``); otherwise it tunes, and its save is held during the search while the
-descent will refine it (``defer_autotune_save``), so that waiters get the final config once.
-Kernels compiled in compile workers and static autotuners restored from FX entries get their
-autotune cache routed to the coordinator too (``route_autotune_cache``), and a config a worker
-found in this rank's own cache is shared under the key a loader looks it up by
-(``share_config_kept_from_cache``). The session's side is ``TuningSteps.step`` and the
-autotune branch of ``Session.put``.
+(``coordinate_descent_tuning``). :func:`triton_tuning_hooks` patches the search and the
+descent to call a tuner's ``search`` and ``descend`` (``coordinator.features.kernel_tuning``
+decides what runs: adopt a config another rank published, or tune inside a tuning step)
+with the kernel seen through :class:`TunedKernel` and the original method; an autotune save
+asks the tuner whether to hold it (:func:`defer_autotune_save`). Kernels compiled in
+compile workers and static autotuners restored from FX entries get their autotune cache
+routed to the coordinator too (``route_autotune_cache``), and a config a worker found in
+this rank's own cache is shared under the key a loader looks it up by
+(``share_config_kept_from_cache``).
 """
 
 from __future__ import annotations
@@ -20,28 +18,36 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from coordinator._compat.caches import inductor_cache_dir
+from coordinator._compat.versions import needs_fix
 
 log = logging.getLogger(__name__)
 
-def _torch_before(major: int, minor: int) -> bool:
-    import torch
 
-    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-    return version < (major, minor)
+class Tuner(Protocol):
+    """What the hooks call back (``coordinator.features.kernel_tuning.KernelTuning``)."""
+
+    def search(self, kernel: TunedKernel, tune: Callable[[], Any]) -> Any: ...
+
+    def descend(self, kernel: TunedKernel, launcher: Any, descend: Callable[[], Any]) -> Any: ...
+
+    def defer_save(self, publish: Callable[[dict[str, bytes]], None]) -> bool: ...
+
+    def saves_published_now(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def close(self) -> None: ...
 
 
-#: The hooks installed now (CachingAutotuner's methods are patched process-wide).
-_installed: TritonTuningHooks | None = None
+#: The tuner of the hooks installed now (CachingAutotuner's methods are patched process-wide).
+_installed: Tuner | None = None
 
 
 def defer_autotune_save(publish: Callable[[dict[str, bytes]], None]) -> bool:
-    """Hold an autotune entry Inductor is saving until its kernel's coordinate descent
-    ends (:meth:`TritonTuningHooks.defer_save`), if hooks are installed.
+    """Ask the installed tuner whether to hold an autotune entry Inductor is saving
+    (``KernelTuning.defer_save``), if hooks are installed.
 
     Returns:
         True if held; False if the caller should publish now.
@@ -49,19 +55,10 @@ def defer_autotune_save(publish: Callable[[dict[str, bytes]], None]) -> bool:
     return _installed is not None and _installed.defer_save(publish)
 
 
-@contextlib.contextmanager
-def _saves_published_now() -> Iterator[None]:
+def _saves_published_now() -> contextlib.AbstractContextManager[None]:
     """On this thread, for the duration, an autotune save publishes at once even inside
     a tuning step that holds its saves."""
-    state = _installed._thread if _installed is not None else None
-    held = (getattr(state, "stage", None), getattr(state, "pending", None)) if state is not None else None
-    if state is not None:
-        state.stage = None
-    try:
-        yield
-    finally:
-        if state is not None:
-            state.stage, state.pending = held
+    return _installed.saves_published_now() if _installed is not None else contextlib.nullcontext()
 
 
 def triton_cache_dir(device: int | None = None) -> str:
@@ -136,12 +133,12 @@ def adopt_config(kernel: Any, config: Any) -> Any:
 
 
 @contextlib.contextmanager
-def triton_tuning_hooks(step: Callable[[], contextlib.AbstractContextManager[None]]) -> Iterator[None]:
-    """Run each Triton kernel's first-launch tuning as a tuning step, for the duration
+def triton_tuning_hooks(tuner: Tuner) -> Iterator[None]:
+    """Call ``tuner`` around each Triton kernel's first-launch tuning, for the duration
     (:class:`TritonTuningHooks`)."""
     global _installed
-    hooks = TritonTuningHooks(step)
-    previous, _installed = _installed, hooks
+    hooks = TritonTuningHooks(tuner)
+    previous, _installed = _installed, tuner
     try:
         with hooks.installed():
             yield
@@ -149,19 +146,66 @@ def triton_tuning_hooks(step: Callable[[], contextlib.AbstractContextManager[Non
         _installed = previous
 
 
+class TunedKernel:
+    """A ``CachingAutotuner`` tuning at its first launch, as the tuner sees it
+    (``coordinator.features.kernel_tuning.TunedKernel``)."""
+
+    __slots__ = ("autotuner",)
+
+    def __init__(self, autotuner: Any) -> None:
+        self.autotuner = autotuner
+
+    @property
+    def name(self) -> str | None:
+        return self.autotuner.inductor_meta.get("kernel_name")
+
+    @property
+    def refined_by_descent(self) -> bool:
+        return bool(self.autotuner.inductor_meta.get("coordinate_descent_tuning"))
+
+    @property
+    def descended(self) -> bool:
+        return getattr(self.autotuner, "_coordinator_descended", False)
+
+    @descended.setter
+    def descended(self, value: bool) -> None:
+        self.autotuner._coordinator_descended = value
+
+    def descends_next(self) -> bool:  # run() calls coordinate_descent_tuning next
+        launchers = getattr(self.autotuner, "launchers", None) or [None]
+        return self.refined_by_descent and not getattr(getattr(launchers[0], "config", None), "found_by_coordesc",
+                                                       False)
+
+    def published_config(self) -> Any:
+        return _published_config(self.autotuner)
+
+    def adopt(self, config: Any) -> Any:
+        return adopt_config(self.autotuner, config)
+
+    @staticmethod
+    def found_by_descent(config: Any) -> bool:
+        return bool(getattr(config, "found_by_coordesc", False))
+
+    @staticmethod
+    def config_of(launcher: Any) -> Any:
+        return getattr(launcher, "config", None)
+
+    def kernel_dir(self, launcher: Any) -> str | None:
+        kernel_hash = getattr(launcher, "cache_hash", None)
+        if not kernel_hash:
+            return None
+        return os.path.join(triton_cache_dir(self.autotuner.triton_meta.get("device", 0)), kernel_hash)
+
+
 class TritonTuningHooks:
-    """Each Triton kernel's first-launch tuning run as one tuning step of the session.
+    """Each Triton kernel's first-launch tuning handed to a tuner.
 
     A kernel with several configs searches them (``CachingAutotuner.autotune_to_one_config``)
     and, where coordinate descent is on, then descends from the winner
     (``coordinate_descent_tuning``); both run in ``CachingAutotuner.run`` at the first
-    launch. The step (``step()``, :meth:`coordinator.features.tuning_steps.TuningSteps.step`) opens
-    before the search (or before the descent, for a kernel with one config) and closes
-    after the last of them. At its start the kernel's autotune key is looked up: a config
-    another rank published is adopted (:func:`adopt_config`) instead of tuning; while
-    another rank tunes the kernel, this rank waits for it; otherwise it claims the key,
-    tunes, and its save publishes (held until the descent ends: :meth:`defer_save`).
-    Every rank that runs the kernel thus runs the same config, tuned once.
+    launch. Each calls the tuner (``search``, ``descend``) with the kernel and the original
+    method; the tuner runs the kernel's tuning step around them and may adopt a config
+    another rank published instead (:func:`adopt_config`).
 
     Also wraps ``restore_after_unpickle`` to route the autotune cache of kernels compiled
     in compile workers, and of static autotuners from FX entries as they are rechecked
@@ -175,33 +219,9 @@ class TritonTuningHooks:
     _PATCHED = ("autotune_to_one_config", "coordinate_descent_tuning", "recheck_autotune_cache",
                 "restore_after_unpickle")
 
-    def __init__(self, step: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
-        self._step = step
-        #: The step open on each thread: the kernel (``kernel``), its exit (``exit``), the
-        #: stage (``stage``: "search" while a save must wait for the descent, "descent")
-        #: and a held save (``pending``).
-        self._thread = threading.local()
+    def __init__(self, tuner: Tuner) -> None:
+        self._tuner = tuner
         self._originals: dict[str, Any] = {}
-
-    def defer_save(self, publish: Callable[[dict[str, bytes]], None]) -> bool:
-        """Hold an autotune entry Inductor is saving until its kernel's coordinate descent ends.
-
-        Triton kernels tuned at their first launch save a best config after the config
-        search and, when coordinate descent is on for the kernel, again when the descent
-        has refined it. Sharing the first would give other ranks a different config than
-        this rank runs (or, on torch < 2.12, have them run the descent themselves). While
-        a kernel whose ``inductor_meta`` turns coordinate descent on searches configs or
-        descends, ``publish`` is kept (a later save of the same kernel replaces it) and
-        called when the descent returns, with the Triton cache entry of the config it
-        chose (compiled during the descent, so not in the FX entry).
-
-        Returns:
-            True if held; False if the caller should publish now.
-        """
-        if getattr(self._thread, "stage", None) is None:
-            return False
-        self._thread.pending = publish
-        return True
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -214,7 +234,7 @@ class TritonTuningHooks:
         original_read_best = AutotuneCache.__dict__["read_best"]
         for name in self._originals:
             setattr(autotuner, name, self._patched(name))
-        if _torch_before(2, 12):  # pytorch#172819 is fixed from 2.12
+        if needs_fix("pytorch#172819"):
             AutotuneCache.read_best = _read_best_fixed
         try:
             yield
@@ -222,7 +242,7 @@ class TritonTuningHooks:
             for name, original in self._originals.items():
                 setattr(autotuner, name, original)
             AutotuneCache.read_best = original_read_best
-            self._close_step()
+            self._tuner.close()
 
     def _patched(self, name: str) -> Callable[..., Any]:
         method = getattr(self, "_" + name)
@@ -232,83 +252,19 @@ class TritonTuningHooks:
 
         return patched
 
-    def _open_step(self, kernel: Any) -> None:
-        exit_stack = contextlib.ExitStack()
-        exit_stack.enter_context(self._step())
-        state = self._thread
-        state.kernel, state.exit, state.stage, state.pending = kernel, exit_stack, None, None
-
-    def _close_step(self) -> None:
-        state = self._thread
-        exit_stack = getattr(state, "exit", None)
-        state.kernel = state.exit = state.stage = state.pending = None
-        if exit_stack is not None:
-            exit_stack.close()
-
     def _restore_after_unpickle(self, kernel: Any, old_values: Any) -> None:
         self._originals["restore_after_unpickle"](kernel, old_values)
         if old_values is None:  # a kernel compiled in a compile worker, arriving in this process
             route_autotune_cache(kernel)
             share_config_kept_from_cache(kernel)
 
-    @staticmethod
-    def _descends(kernel: Any) -> bool:  # run() calls coordinate_descent_tuning next
-        launchers = getattr(kernel, "launchers", None) or [None]
-        return bool(kernel.inductor_meta.get("coordinate_descent_tuning")) and not getattr(
-            getattr(launchers[0], "config", None), "found_by_coordesc", False)
-
     def _autotune_to_one_config(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
-        state = self._thread
-        self._open_step(kernel)
-        try:
-            config = _published_config(kernel)
-            if config is not None and adopt_config(kernel, config) is not None:
-                log.debug("adopted the published config of %s: %s", kernel.inductor_meta.get("kernel_name"), config)
-                result = None
-            else:
-                if kernel.inductor_meta.get("coordinate_descent_tuning"):
-                    state.stage = "search"  # the descent refines it next: hold the save
-                result = self._originals["autotune_to_one_config"](kernel, *args, **kwargs)
-        except BaseException:
-            self._close_step()
-            raise
-        if self._descends(kernel):  # the step goes on into the descent, which publishes
-            state.stage = None
-        else:
-            held, state.stage = state.pending, None
-            try:
-                if held is not None:  # published before the step releases its claim
-                    held({})
-            finally:
-                self._close_step()
-        return result
+        original = self._originals["autotune_to_one_config"]
+        return self._tuner.search(TunedKernel(kernel), lambda: original(kernel, *args, **kwargs))
 
     def _coordinate_descent_tuning(self, kernel: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
-        original, state = self._originals["coordinate_descent_tuning"], self._thread
-        if getattr(kernel, "_coordinator_descended", False):  # declined before: run() asks at every launch
-            return original(kernel, launcher, *args, **kwargs)
-        if getattr(state, "kernel", None) is not kernel:  # one config: no search opened the step
-            self._open_step(kernel)
-            config = _published_config(kernel)
-            if config is not None and getattr(config, "found_by_coordesc", False):
-                adopted = adopt_config(kernel, config)
-                if adopted is not None:
-                    kernel._coordinator_descended = True
-                    self._close_step()
-                    return adopted
-        held_from_search, state.stage, state.pending = getattr(state, "pending", None), "descent", None
-        try:
-            winner = original(kernel, launcher, *args, **kwargs)
-            descended = state.pending
-            state.stage = state.pending = None
-            log.debug("coordinate descent for %s: %s -> %s; saved %s, held from the search %s",
-                      kernel.inductor_meta.get("kernel_name"), getattr(launcher, "config", None),
-                      getattr(winner, "config", None), descended is not None, held_from_search is not None)
-            kernel._coordinator_descended = True
-            _publish_descent(kernel, winner, descended, held_from_search)
-            return winner
-        finally:
-            self._close_step()
+        original = self._originals["coordinate_descent_tuning"]
+        return self._tuner.descend(TunedKernel(kernel), launcher, lambda: original(kernel, launcher, *args, **kwargs))
 
     def _recheck_autotune_cache(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
         # A static autotuner from an FX entry names the kernel file of the process that
@@ -321,30 +277,9 @@ class TritonTuningHooks:
         # through the one pickled into the FX entry: route that one too, or this rank's
         # tuned config would never reach the store.
         route_autotune_cache(kernel)
-        if _torch_before(2, 12):
+        if needs_fix("pytorch#172819"):
             return _recheck_autotune_cache_fixed(kernel, *args, **kwargs)
         return self._originals["recheck_autotune_cache"](kernel, *args, **kwargs)
-
-
-def _publish_descent(kernel: Any, winner: Any, descended: Callable[[dict[str, bytes]], None] | None,
-                     held_from_search: Callable[[dict[str, bytes]], None] | None) -> None:
-    """Publish what a descent chose, with the Triton cache entry of its winner (compiled
-    during the descent), or the search's held result for a kernel that did not descend."""
-    try:  # the coordinator never fails a kernel launch
-        if descended is not None:
-            files: dict[str, bytes] = {}
-            kernel_hash = getattr(winner, "cache_hash", None)
-            if kernel_hash:
-                from coordinator.features.artifacts import read_triton_kernel
-
-                device = kernel.triton_meta.get("device", 0)
-                files = read_triton_kernel(os.path.join(triton_cache_dir(device), kernel_hash))
-            descended(files)
-        elif held_from_search is not None:  # this kernel does not descend: the search's result stands
-            held_from_search({})
-    except Exception:
-        log.warning("compile_once: publishing the tuned config of %s failed",
-                    kernel.inductor_meta.get("kernel_name"), exc_info=True)
 
 
 def kernel_autotune_cache(autotuner: Any) -> Any:

@@ -185,7 +185,7 @@ class PrecompiledFunctions(Feature):
                 self._known[key] = entries
             store_key = context.store_key(KIND, key)
             try:
-                first = flight.store.add_if_absent(f"n/{store_key}/{entries}", b"1")
+                first = flight.first_to_mark(store_key, entries)
             except StoreError as exc:  # the publish below finds the store failed and records it
                 log.debug("could not mark package %s: %s", key, exc)
                 first = True

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 
 from coordinator import _compat
 from coordinator.features.base import Context, Feature
+from coordinator.features.kernel_tuning import KernelTuning
 from coordinator.protocol.singleflight import Singleflight
 
 #: The kind whose keys are claimed only inside a tuning step.
@@ -33,7 +34,7 @@ class TuningSteps(Feature):
         self._thread = threading.local()
 
     def hooks(self, routed: frozenset[str]) -> Iterable:
-        return (_compat.triton_tuning_hooks(self.step),) if KIND in routed else ()
+        return (_compat.triton_tuning_hooks(KernelTuning(self.step)),) if KIND in routed else ()
 
     def claims(self) -> list[str] | None:
         """The autotune keys claimed by the step open on this thread (``None``: no step)."""

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 
 from coordinator.errors import WaitTimeout
 from coordinator.observe.trace import NO_EVENTS, NoEvents, short_key
+from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.singleflight import LookupResult, Singleflight
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ class NodeCache:
         claim), so it only tries the lock. ``work_first`` runs while it waits (either wait)."""
         local = self.read(key)
         if local is not None:
-            return LookupResult(local, "node")
+            return LookupResult(local, Outcome.NODE)
         started = time.monotonic()
         wait_began: list[float] = []
         try:
@@ -150,7 +151,7 @@ class NodeCache:
                     self._events.span("wait", wait_began[0], key=short_key(key), via="node lock",
                                       ended="received" if local is not None else "asked the store")
                 if local is not None:
-                    return LookupResult(local, "node", time.monotonic() - started)
+                    return LookupResult(local, Outcome.NODE, time.monotonic() - started)
                 lock_wait = time.monotonic() - started
                 result = flight.lookup(key, blocking=blocking, before_waiting=work_first)
                 result.waited_s += lock_wait

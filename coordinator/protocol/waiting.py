@@ -1,0 +1,119 @@
+"""A singleflight waiter: the one wait loop on a claimant's signals, and the one judgement
+of lease, deadline and progress (``coordinator.protocol.singleflight`` describes the protocol)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+
+from coordinator.protocol.claims import ABANDONED, BEAT, MOVED, PUBLISHED, VALUE, Owner, beats_of
+from coordinator.protocol.outcome import Outcome
+from coordinator.protocol.stores.base import PollingWatch, Store
+
+log = logging.getLogger(__name__)
+
+
+class Waiter:
+    """Waits of one process on the claims of others in one store."""
+
+    def __init__(self, store: Store, *, lease_s: float, wait_timeout_s: float, progress_interval_s: float,
+                 signalled_waits: bool) -> None:
+        self.store = store
+        self.lease = lease_s
+        self.wait_timeout = wait_timeout_s
+        self.progress_interval = progress_interval_s
+        self.signalled_waits = signalled_waits
+
+    def published(self, published: str, rejected: bytes | None) -> bytes | None:
+        """Store key ``published``'s value, unless it is the ``rejected`` one."""
+        value = self.store.get(published)
+        return None if value is None or value == rejected else value
+
+    def wait(self, at: str, gen: int, started: float, published: str,
+             rejected: bytes | None = None) -> tuple[Outcome, bytes | None, int | None]:
+        """Wait for the claimant's signals: ``w/<key>/<gen>/<n>`` is written at its n-th
+        heartbeat ("beat") and once when the claim ends (the value itself, "published" or
+        "abandoned"). On a store that can block (and with ``signalled_waits``), an idle
+        waiter makes about one store call per heartbeat (lease/4), and the end signal is
+        the last call of a wait; elsewhere it polls the next signal's slot. Returns the
+        outcome, the value (if it came with the end signal) and the claimant's rank.
+        ``at`` names the claim (the key, or its redo name)."""
+        owner = Owner.of_claim(self.store.get(f"c/{at}/{gen}"))
+        ended, value = self._wait_on(at, gen, started, published, str(owner or "unknown owner"), rejected)
+        return ended, value, owner.rank if owner is not None else None
+
+    def _judge(self, key: str, owner: str, started: float, last_change: float, next_progress: float,
+               now: float, lease: float) -> tuple[Outcome | None, float]:
+        """How a wait that has seen no value ends now ("expired": no heartbeat for a lease;
+        "deadline"), or ``None``; logs the progress line when due. Returns the outcome and
+        when the next progress line is due."""
+        if now - last_change > lease:
+            log.warning("lease of %s on %s expired (no heartbeat for %.1fs); taking over",
+                        owner, key, now - last_change)
+            return Outcome.EXPIRED, next_progress
+        if now - started > self.wait_timeout:
+            log.warning("waited %.0fs for %s held by %s, past the %.0fs deadline; compiling locally",
+                        now - started, key, owner, self.wait_timeout)
+            return Outcome.DEADLINE, next_progress
+        if now >= next_progress:
+            log.info("waiting for %s: held by %s, waited %.0fs, last heartbeat %.1fs ago",
+                     key, owner, now - started, now - last_change)
+            next_progress = now + self.progress_interval
+        return None, next_progress
+
+    def _wait_on(self, key: str, gen: int, started: float, published: str, owner: str,
+                 rejected: bytes | None) -> tuple[Outcome, bytes | None]:
+        beats = beats_of(self.store, key, gen)
+        last_change = time.monotonic()
+        next_progress = last_change + self.progress_interval
+        check = True
+        wants_value = published.startswith("v/")
+        # Waiters of a dead claimant judge it at different moments: the first takes over
+        # and signals "moved", which ends the others' waits before they time out.
+        lease = self.lease * (1 + random.uniform(0, 0.1))
+        watching = (self.store.watch(f"w/{key}/{gen}") if self.signalled_waits
+                    else contextlib.nullcontext(PollingWatch(self.store)))
+        with watching as watch:
+            while True:
+                if check:
+                    value = self.published(published, rejected)
+                    if value is not None:
+                        return Outcome.WAITED, value
+                    if self.store.get(f"a/{key}/{gen}") is not None:
+                        return self._abandoned(key, owner)
+                    check = False
+                now = time.monotonic()
+                ended, next_progress = self._judge(key, owner, started, last_change, next_progress, now,
+                                                   lease=lease)
+                if ended:
+                    return ended, None
+                # No timeout for the progress line: a live claimant signals every lease/4,
+                # and each signal brings the judgement round again. A timed-out c10d wait
+                # is costly (TCPStore cancels it and logs a warning).
+                timeout = min(last_change + lease, started + self.wait_timeout) - now
+                signal = watch.wait(f"w/{key}/{gen}/{beats + 1}", max(timeout, 0.0) + 0.001)
+                if signal is None:
+                    continue
+                beats += 1
+                last_change = time.monotonic()
+                if signal == BEAT:
+                    continue
+                if signal.startswith(VALUE):
+                    return Outcome.WAITED, signal[len(VALUE):]
+                if signal == ABANDONED:
+                    return self._abandoned(key, owner)
+                if signal == MOVED:
+                    log.info("%s on %s was taken over; following the new claimant", owner, key)
+                    return Outcome.EXPIRED, None
+                if signal == PUBLISHED and not wants_value:
+                    return Outcome.WAITED, None  # an offer: the value is published, d/ follows it
+                # PUBLISHED (read v/, written before the signal), or a signal this version
+                # does not know: read the store, as a poll would.
+                check = True
+
+    @staticmethod
+    def _abandoned(key: str, owner: str) -> tuple[Outcome, None]:
+        log.info("%s gave up on %s without publishing; compiling locally", owner, key)
+        return Outcome.ABANDONED, None
