@@ -12,8 +12,9 @@
 ``URL`` is a ``redis://``/``rediss://`` or ``file://`` store, or ``outbox``: this node's
 outbox in Inductor's cache dir, which the SLURM Epilog publishes from. ``load`` fetches,
 verifies and installs into this machine's Inductor cache dir (once per node), or with
-``--out`` only downloads the verified bytes. The secret comes from
-``COORDINATOR_SECRET``. ``copy`` publishes every verified bundle of one store to another.
+``--out`` only downloads the verified bytes. The secret and namespace are the ``secret``
+and ``namespace`` settings' (``coordinator.settings``). ``copy`` publishes every verified
+bundle of one store to another.
 Exit status: 0 on success, 1 on a refused or missing bundle, 2 on bad usage.
 ``slurm prolog|epilog`` are SLURM's node hooks (see ``coordinator.jobs.slurm``); they always
 exit 0. ``report`` merges the rank traces a job wrote with ``--coordinator-trace DIR`` into
@@ -31,6 +32,7 @@ from datetime import timedelta
 from coordinator import bundles
 from coordinator.errors import CoordinatorError
 from coordinator.protocol.fingerprint import fingerprint
+from coordinator.settings import variable
 
 
 def _read_source(source: str, name: str) -> bytes:
@@ -91,7 +93,8 @@ def _bundle_command(args: argparse.Namespace) -> int:
 
 
 _URL = "redis://host:port/db, rediss://..., file:///dir, or outbox (this node's outbox)"
-_NAME = "bundle name (default: default); the secret and namespace come from COORDINATOR_SECRET, COORDINATOR_NAMESPACE"
+_NAME = (f"bundle name (default: default); the secret and namespace come from {variable('secret')}, "
+         f"{variable('namespace')}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     actions = bundle.add_subparsers(dest="action", required=True)
     save = actions.add_parser("save", help="publish a bundle file to a store",
                               description="Verify a bundle file (checksums, and the signature with "
-                                          "COORDINATOR_SECRET) and publish it to a store under a name.")
+                                          f"{variable('secret')}) and publish it to a store under a name.")
     save.add_argument("url", help="the store to publish to: " + _URL)
     save.add_argument("file", help="the bundle file (from `coordinator bundle load URL --out FILE`, or "
                                    "bytes of coordinator.pack_bundle())")

@@ -28,7 +28,6 @@ import hashlib
 import hmac
 import logging
 import os
-import re
 import socket
 import time
 from datetime import timedelta
@@ -47,7 +46,7 @@ from coordinator.protocol.fingerprint import (
     secret_fingerprint,
 )
 from coordinator.protocol.node import file_lock
-from coordinator.settings import Config
+from coordinator.settings import Config, check_bundle_name
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +231,7 @@ def install_bundle(bundle: Bundle) -> dict:
 def bundle_settings(secret: str | bytes | None = None, namespace: str | None = None) -> tuple[bytes | None, str]:
     """The secret and namespace a bundle is signed and keyed with: the arguments, else
     those of this process's ``compile_once`` (active, or the last to exit), else their
-    ``COORDINATOR_*`` variables, else none.
+    environment variables, else none.
 
     Raises:
         ConfigError: a setting is invalid.
@@ -251,12 +250,6 @@ def bundle_url(url: str) -> str:
     if url == "outbox":
         return "file://" + os.path.join(_compat.inductor_cache_dir(), OUTBOX)
     return url
-
-
-def check_bundle_name(name: str) -> None:
-    """Raise ``ConfigError`` unless ``name`` can name a bundle (letters, digits, '.', '_', '-')."""
-    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", name):
-        raise ConfigError(f"bundle name {name!r} may only hold letters, digits, '.', '_' and '-'")
 
 
 def bundle_key(name: str = "default", namespace: str | None = None, secret: str | bytes | None = None) -> str:
