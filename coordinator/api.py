@@ -117,18 +117,18 @@ def enable_from_env() -> bool:
     job = JobSettings.resolve(names=("log_level", "save_bundle", "bundle_name"))
     show_coordinator_logs(job.log_level)
     context = compile_once()
-    context.__enter__()
+    session = context.__enter__()
     atexit.register(context.__exit__, None, None, None)
     if job.save_bundle and os.environ.get("RANK", "0") == "0":
         # Registered after the exit above, so it runs first (atexit is last-in, first-out).
-        atexit.register(_save_bundle_at_exit, job.save_bundle, job.bundle_name)
+        atexit.register(_save_bundle_at_exit, job.save_bundle, job.bundle_name, session)
     return True
 
 
-def _save_bundle_at_exit(url: str, name: str) -> None:
+def _save_bundle_at_exit(url: str, name: str, session: Session) -> None:
     from coordinator.bundles import save_bundle
 
     try:
-        save_bundle(url, name=name)
+        save_bundle(url, name=name, config=session.config, kernels=session.kernels)
     except Exception as exc:  # the job is done; never turn that into a failure
         log.warning("compile_once: could not save the job's bundle to %s: %s", url, exc)

@@ -39,7 +39,7 @@ import sys
 import time
 
 from coordinator import _compat
-from coordinator.bundles import OUTBOX
+from coordinator.bundles.keys import OUTBOX
 from coordinator.settings import Config, JobSettings, variable
 
 log = logging.getLogger(__name__)
@@ -261,7 +261,7 @@ def _restore(settings: SlurmJob) -> None:
 
 def _push_and_clean(settings: SlurmJob) -> None:
     if settings.push_url and os.path.isdir(os.path.join(settings.cache_dir, OUTBOX)):
-        from coordinator.bundles import copy_bundles
+        from coordinator.bundles.transfer import copy_bundles
 
         try:
             pushed = copy_bundles(settings.outbox_url, settings.push_url, secret=settings.secret)
