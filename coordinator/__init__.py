@@ -5,7 +5,9 @@ store and loads the result instead of compiling. See ``compile_once``.
 """
 
 from coordinator.api import compile_once, enable_from_env, stats
-from coordinator.bundles import broadcast_bundle, fetch_bundle, load_bundle, pack_bundle, read_bundle, save_bundle
+from coordinator.api import current_session as _current_session
+from coordinator.bundles import broadcast_bundle, load_bundle, save_bundle
+from coordinator.bundles.keys import use_session_lookup
 from coordinator.errors import (
     ConfigError,
     CoordinatorError,
@@ -17,6 +19,9 @@ from coordinator.errors import (
 from coordinator.protocol.fingerprint import environment, fingerprint
 from coordinator.protocol.stores import Store, open_store
 from coordinator.settings import CACHE_KINDS, Config
+
+# Bundle functions called without a session's settings use the active compile_once's.
+use_session_lookup(_current_session)
 
 __all__ = [
     "CACHE_KINDS",
@@ -32,10 +37,7 @@ __all__ = [
     "compile_once",
     "enable_from_env",
     "environment",
-    "fetch_bundle",
     "load_bundle",
-    "pack_bundle",
-    "read_bundle",
     "save_bundle",
     "fingerprint",
     "open_store",

@@ -8,11 +8,12 @@ compiles (usually the whole training loop)::
         model = torch.compile(model)
         train(model)
 
-A launcher can switch the same thing on with no code change: with
-``COORDINATOR_ENABLE=1`` in the environment, :func:`enable_from_env` (called from the
-``sitecustomize`` in ``launch/``) enters ``compile_once`` for the life of the process
-and logs the summary at exit; with ``COORDINATOR_SAVE_BUNDLE=URL`` rank 0 also saves the
-job's bundle there at exit (``outbox``: into the node's outbox, for the SLURM Epilog).
+A launcher can switch the same thing on with no code change: with the ``enable``
+setting on in the environment (``coordinator.settings.JobSettings``), :func:`enable_from_env`
+(called from ``coordinator/_site/sitecustomize.py``) enters ``compile_once`` for the life
+of the process and logs the summary at exit; with ``save_bundle`` set to a URL rank 0 also
+saves the job's bundle there at exit (``outbox``: into the node's outbox, for the SLURM
+Epilog).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from typing import Any
 
 from coordinator.errors import ConfigError
 from coordinator.inductor import route_caches
-from coordinator.observe.logs import parse_level, show_coordinator_logs
+from coordinator.observe.logs import show_coordinator_logs
 from coordinator.session import Session
-from coordinator.settings import Config, parse_flag
+from coordinator.settings import Config, JobSettings, take_enable_switch
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +51,11 @@ def compile_once(store: Any = None, *, config: Config | None = None, **settings:
         store: ``None`` for the job's torch.distributed store, a ``redis://``,
             ``rediss://`` or ``file://`` URL, or a store object.
         config: a :class:`coordinator.Config` to start from instead of the environment.
-        **settings: any field of :class:`coordinator.Config` (``secret``, ``lease``,
-            ``wait_timeout``, ``progress_interval``, ``namespace``, ``caches``,
-            ``chunk_bytes``, ``ship_cpu_kernels``, ``share_local_hits``,
-            ``compile_choices_once``, ``signalled_waits``, ``early_backward``,
-            ``cache_ddp_graphs``, ``concurrent_splits``, ``precompile``, ``trace_dir``).
+        **settings: any field of :class:`coordinator.Config`, which lists each with its
+            environment variable, default and meaning.
 
-    Every setting left ``None`` comes from ``config`` if given, else its
-    ``COORDINATOR_*`` environment variable, else the default.
+    Every setting left ``None`` comes from ``config`` if given, else its environment
+    variable, else the default.
 
     Entered where a ``compile_once`` is already active in this process (a script run
     under ``coordinator-run``, which entered it for the whole process), it joins that
@@ -109,38 +107,37 @@ def stats() -> dict:
 
 
 def enable_from_env() -> bool:
-    """Enter ``compile_once`` for the rest of the process if ``COORDINATOR_ENABLE`` is set.
+    """Enter ``compile_once`` for the rest of the process if the ``enable`` setting is on.
 
     The switch is taken out of the environment, so that the processes this one starts
     (Inductor's compile workers and CPU-feature probes, data-loader workers) do not
     enter ``compile_once`` too: they share no graphs, and importing the coordinator
     would add seconds to each one's start. The ``coordinator`` logger's lines are shown
-    at ``COORDINATOR_LOG_LEVEL`` (default ``INFO``; see ``coordinator.observe.logs``).
+    at the ``log_level`` setting (default ``INFO``; see ``coordinator.observe.logs``).
 
     Returns:
         True if it was switched on.
 
     Raises:
-        ConfigError: a ``COORDINATOR_*`` setting is invalid.
+        ConfigError: a setting is invalid.
     """
-    if not parse_flag(os.environ.get("COORDINATOR_ENABLE") or "0", "COORDINATOR_ENABLE"):
+    if not take_enable_switch():
         return False
-    del os.environ["COORDINATOR_ENABLE"]
-    show_coordinator_logs(parse_level(os.environ.get("COORDINATOR_LOG_LEVEL")))
+    job = JobSettings.resolve(names=("log_level", "save_bundle", "bundle_name"))
+    show_coordinator_logs(job.log_level)
     context = compile_once()
-    context.__enter__()
+    session = context.__enter__()
     atexit.register(context.__exit__, None, None, None)
-    save_url = os.environ.get("COORDINATOR_SAVE_BUNDLE")
-    if save_url and os.environ.get("RANK", "0") == "0":
+    if job.save_bundle and os.environ.get("RANK", "0") == "0":
         # Registered after the exit above, so it runs first (atexit is last-in, first-out).
-        atexit.register(_save_bundle_at_exit, save_url, os.environ.get("COORDINATOR_BUNDLE_NAME", "default"))
+        atexit.register(_save_bundle_at_exit, job.save_bundle, job.bundle_name, session)
     return True
 
 
-def _save_bundle_at_exit(url: str, name: str) -> None:
+def _save_bundle_at_exit(url: str, name: str, session: Session) -> None:
     from coordinator.bundles import save_bundle
 
     try:
-        save_bundle(url, name=name)
+        save_bundle(url, name=name, config=session.config, kernels=session.kernels)
     except Exception as exc:  # the job is done; never turn that into a failure
         log.warning("compile_once: could not save the job's bundle to %s: %s", url, exc)

@@ -12,8 +12,9 @@
 ``URL`` is a ``redis://``/``rediss://`` or ``file://`` store, or ``outbox``: this node's
 outbox in Inductor's cache dir, which the SLURM Epilog publishes from. ``load`` fetches,
 verifies and installs into this machine's Inductor cache dir (once per node), or with
-``--out`` only downloads the verified bytes. The secret comes from
-``COORDINATOR_SECRET``. ``copy`` publishes every verified bundle of one store to another.
+``--out`` only downloads the verified bytes. The secret and namespace are the ``secret``
+and ``namespace`` settings' (``coordinator.settings``). ``copy`` publishes every verified
+bundle of one store to another.
 Exit status: 0 on success, 1 on a refused or missing bundle, 2 on bad usage.
 ``slurm prolog|epilog`` are SLURM's node hooks (see ``coordinator.jobs.slurm``); they always
 exit 0. ``report`` merges the rank traces a job wrote with ``--coordinator-trace DIR`` into
@@ -28,16 +29,20 @@ import json
 import sys
 from datetime import timedelta
 
-from coordinator import bundles
+from coordinator.bundles.format import read_bundle
+from coordinator.bundles.install import load_bundle
+from coordinator.bundles.keys import bundle_key, bundle_url
+from coordinator.bundles.transfer import copy_bundles, save_bundle
 from coordinator.errors import CoordinatorError
 from coordinator.protocol.fingerprint import fingerprint
+from coordinator.settings import Config, variable
 
 
-def _read_source(source: str, name: str) -> bytes:
+def _read_source(source: str, name: str, config: Config) -> bytes:
     if "://" in source:
         from coordinator.protocol.stores import open_store
 
-        blob = open_store(source).get(bundles.bundle_key(name))
+        blob = open_store(source).get(bundle_key(name, config=config))
         if blob is None:
             raise FileNotFoundError(f"no bundle {name!r} for environment {fingerprint()} in {source}")
         return blob
@@ -46,26 +51,27 @@ def _read_source(source: str, name: str) -> bytes:
 
 
 def _bundle_command(args: argparse.Namespace) -> int:
-    secret = bundles.bundle_settings()[0]
+    config = Config.resolve()  # the secret and namespace: this process runs no compile_once
+    secret = config.secret
     if args.action == "save":
         with open(args.file, "rb") as f:
             blob = f.read()
-        bundles.read_bundle(blob, secret=secret)  # refuse to publish a bad bundle
+        read_bundle(blob, secret=secret)  # refuse to publish a bad bundle
         ttl = timedelta(seconds=args.ttl) if args.ttl else None
-        size = bundles.save_bundle(args.url, name=args.name, ttl=ttl, max_bytes=args.max_bytes, blob=blob)
-        print(f"saved {size} bytes as {bundles.bundle_key(args.name)}")
+        size = save_bundle(args.url, name=args.name, ttl=ttl, max_bytes=args.max_bytes, blob=blob, config=config)
+        print(f"saved {size} bytes as {bundle_key(args.name, config=config)}")
     elif args.action == "load":
         if args.out:
-            blob = _read_source(args.url, args.name)
-            bundles.read_bundle(blob, secret=secret)
+            blob = _read_source(args.url, args.name, config)
+            read_bundle(blob, secret=secret)
             with open(args.out, "wb") as f:
                 f.write(blob)
             print(f"wrote {len(blob)} verified bytes to {args.out}")
         else:
-            print(json.dumps(bundles.load_bundle(args.url, name=args.name, secret=secret)))
+            print(json.dumps(load_bundle(args.url, name=args.name, config=config)))
     elif args.action == "inspect":
-        blob = _read_source(args.source, args.name)
-        described = bundles.read_bundle(blob, secret=secret, check_environment=False).describe()
+        blob = _read_source(args.source, args.name, config)
+        described = read_bundle(blob, secret=secret, check_environment=False).describe()
         described["matches_this_environment"] = described["fingerprint"] == fingerprint()
         described["bytes"] = len(blob)
         print(json.dumps(described, indent=2, default=str))
@@ -82,16 +88,17 @@ def _bundle_command(args: argparse.Namespace) -> int:
     elif args.action == "rm":
         from coordinator.protocol.stores import open_store
 
-        open_store(args.url).delete(bundles.bundle_key(args.name))
-        print(f"removed {bundles.bundle_key(args.name)}")
+        open_store(args.url).delete(bundle_key(args.name, config=config))
+        print(f"removed {bundle_key(args.name, config=config)}")
     elif args.action == "copy":
-        for key in bundles.copy_bundles(args.src, args.dst, move=not args.keep):
+        for key in copy_bundles(args.src, args.dst, move=not args.keep, config=config):
             print(f"published {key}")
     return 0
 
 
 _URL = "redis://host:port/db, rediss://..., file:///dir, or outbox (this node's outbox)"
-_NAME = "bundle name (default: default); the secret and namespace come from COORDINATOR_SECRET, COORDINATOR_NAMESPACE"
+_NAME = (f"bundle name (default: default); the secret and namespace come from {variable('secret')}, "
+         f"{variable('namespace')}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,10 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     actions = bundle.add_subparsers(dest="action", required=True)
     save = actions.add_parser("save", help="publish a bundle file to a store",
                               description="Verify a bundle file (checksums, and the signature with "
-                                          "COORDINATOR_SECRET) and publish it to a store under a name.")
+                                          f"{variable('secret')}) and publish it to a store under a name.")
     save.add_argument("url", help="the store to publish to: " + _URL)
     save.add_argument("file", help="the bundle file (from `coordinator bundle load URL --out FILE`, or "
-                                   "bytes of coordinator.pack_bundle())")
+                                   "bytes of coordinator.bundles.format.pack_bundle())")
     save.add_argument("--name", default="default", help=_NAME)
     save.add_argument("--ttl", type=float, default=None, help="seconds until Redis expires it (default: never)")
     save.add_argument("--max-bytes", type=int, default=None, help="refuse a bundle larger than this (default: any)")
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for name in ("url", "src", "dst"):
         if getattr(args, name, None):
-            setattr(args, name, bundles.bundle_url(getattr(args, name)))
+            setattr(args, name, bundle_url(getattr(args, name)))
     if args.command == "slurm":
         import logging
 

@@ -1,116 +1,51 @@
-"""Settings for ``compile_once``, validated in one dataclass.
+"""Settings, each declared once: its field, environment variable, parser and meaning.
 
 Every setting can be given three ways, and the first one present wins: an argument
-to :func:`coordinator.compile_once` (or :meth:`Config.resolve`), an environment
-variable, then the default. ``compile_once``, ``coordinator-run``, the bundle
-functions, the CLI and the SLURM hooks all build their settings here, and every
-yes/no value is read by :func:`parse_flag`. The environment variables let a launcher switch the
-coordinator on and tune it without touching the training script.
+(to :func:`coordinator.compile_once`, :meth:`Config.resolve` or
+:meth:`JobSettings.resolve`), an environment variable, then the default. The variables
+let a launcher switch the coordinator on and tune it without touching the training
+script.
 
-===========================  ==================================  ==========================
-setting                      environment variable                default
-===========================  ==================================  ==========================
-store                        COORDINATOR_STORE                   the job's c10d store
-secret                       COORDINATOR_SECRET                  none (checksums only)
-lease                        COORDINATOR_LEASE_S                 20 s
-wait_timeout                 COORDINATOR_WAIT_TIMEOUT_S          1800 s
-progress_interval            COORDINATOR_PROGRESS_S              10 s
-namespace                    COORDINATOR_NAMESPACE               ""
-caches                       COORDINATOR_CACHES                  all but bundled_autotune
-chunk_bytes                  COORDINATOR_CHUNK_BYTES             64 MiB
-ship_cpu_kernels             COORDINATOR_SHIP_CPU_KERNELS        true
-share_local_hits             COORDINATOR_SHARE_LOCAL_HITS        true
-compile_choices_once         COORDINATOR_COMPILE_CHOICES_ONCE    true
-signalled_waits              COORDINATOR_SIGNALLED_WAITS         true
-early_backward               COORDINATOR_EARLY_BACKWARD          true
-cache_ddp_graphs             COORDINATOR_CACHE_DDP_GRAPHS        true (where torch allows)
-concurrent_splits            COORDINATOR_CONCURRENT_SPLITS       true (with cache_ddp_graphs)
-precompile                   COORDINATOR_PRECOMPILE              false
-trace_dir                    COORDINATOR_TRACE                   none (no trace)
-===========================  ==================================  ==========================
+Two dataclasses hold them. :class:`Config` is one ``compile_once`` session's settings.
+:class:`JobSettings` is what the launcher, the SLURM hooks, the bundle functions and the
+logging of a job read around the sessions: the on switch, the log level, the bundle to
+restore, save or push, and the SLURM hooks' own settings. Each field names its
+variable, its parser and a one-line meaning beside it (:func:`_setting`); the tables
+the rest of the package reads (:data:`DESCRIPTIONS`, :func:`variable`, the
+``coordinator-run --help`` text) are derived from the fields. No other module reads a
+variable of ours from the environment: they ask here, and every yes/no value is read
+by :func:`parse_flag`.
+
+Importing this module imports neither torch nor Inductor's compatibility layer: the
+cache kinds (:data:`CACHE_KINDS`, :data:`DEFAULT_CACHES`) are looked up at first use.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from coordinator import _compat
 from coordinator.errors import ConfigError
 
-#: Inductor caches the coordinator can route (one record each: ``_compat.CACHE_KINDS``).
-CACHE_KINDS = tuple(_compat.CACHE_KINDS)
-#: Routed unless ``caches`` says otherwise.
-DEFAULT_CACHES = tuple(name for name, kind in _compat.CACHE_KINDS.items() if kind.default)
+log = logging.getLogger(__name__)
 
-_ENV = {
-    "store": "COORDINATOR_STORE",
-    "secret": "COORDINATOR_SECRET",
-    "lease": "COORDINATOR_LEASE_S",
-    "wait_timeout": "COORDINATOR_WAIT_TIMEOUT_S",
-    "progress_interval": "COORDINATOR_PROGRESS_S",
-    "namespace": "COORDINATOR_NAMESPACE",
-    "caches": "COORDINATOR_CACHES",
-    "chunk_bytes": "COORDINATOR_CHUNK_BYTES",
-    "ship_cpu_kernels": "COORDINATOR_SHIP_CPU_KERNELS",
-    "share_local_hits": "COORDINATOR_SHARE_LOCAL_HITS",
-    "compile_choices_once": "COORDINATOR_COMPILE_CHOICES_ONCE",
-    "signalled_waits": "COORDINATOR_SIGNALLED_WAITS",
-    "early_backward": "COORDINATOR_EARLY_BACKWARD",
-    "cache_ddp_graphs": "COORDINATOR_CACHE_DDP_GRAPHS",
-    "concurrent_splits": "COORDINATOR_CONCURRENT_SPLITS",
-    "precompile": "COORDINATOR_PRECOMPILE",
-    "trace_dir": "COORDINATOR_TRACE",
-}
-
-#: One line per setting: what it does, and its default (``coordinator-run --help``).
-DESCRIPTIONS = {
-    "store": "where ranks meet: redis://host:port/db, rediss://..., file:///dir (default: the job's TCPStore)",
-    "secret": "sign every value with HMAC-SHA256 and refuse unsigned or wrongly signed ones (default: none)",
-    "lease": "seconds without a heartbeat after which a waiter takes over a compile (default 20)",
-    "wait_timeout": "longest wait for one graph in seconds; then the rank compiles it itself (default 1800)",
-    "progress_interval": "seconds between a waiting rank's progress lines (default 10)",
-    "namespace": "extra key prefix (model, team) for stores that many jobs share (default: none)",
-    "caches": "comma-separated caches to share: " + ", ".join(CACHE_KINDS) + " (default: all but bundled_autotune)",
-    "chunk_bytes": "largest single Redis value; larger ones are chunked (default 64 MiB)",
-    "ship_cpu_kernels": "ship compiled C++ kernels with FX graphs (1/0, default 1)",
-    "share_local_hits": "publish graphs found in the local cache, or wait while another rank compiles them (default 1)",
-    "compile_choices_once": "max-autotune: compile each GEMM choice once, in threads of the rank (default 1)",
-    "signalled_waits": "waiting ranks block on the compiling rank's signals instead of polling (default 1)",
-    "early_backward": "a waiting rank compiles the backward graphs it knows meanwhile (default 1)",
-    "cache_ddp_graphs": "serve DDP's split graphs from AOTAutograd's cache (default 1 where torch allows)",
-    "concurrent_splits": "each rank compiles a share of every frame DDPOptimizer splits, at the same time "
-                         "(default 1)",
-    "precompile": "share each function's precompiled form, installed without tracing (default 0)",
-    "trace_dir": "write this rank's coordinator events into this dir, for coordinator report (default: none)",
-}
+#: Log levels a job's ``log_level`` may name.
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+DEFAULT_LEVEL = "INFO"
+_SLURM_TIMEOUT_S = 300.0
 
 
 def given(source: str, raw: str) -> str:
     """How an error names a value from the environment or the command line, as it was
     written: ``COORDINATOR_LEASE_S=-3``, or ``--coordinator-store bogus://x`` for an option."""
     return f"{source} {shlex.quote(raw)}" if source.startswith("-") else f"{source}={shlex.quote(raw)}"
-
-
-def _seconds(source: str, raw: str) -> timedelta:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{given(source, raw)}: not a number of seconds") from None
-    return timedelta(seconds=value)
-
-
-def _integer(source: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{given(source, raw)}: not a whole number") from None
 
 
 def parse_flag(raw: str, source: str) -> bool:
@@ -127,100 +62,194 @@ def parse_flag(raw: str, source: str) -> bool:
     raise ConfigError(f"{given(source, raw)}: expected one of 1/0, true/false, yes/no, on/off")
 
 
+def parse_level(raw: str | None, source: str) -> int:
+    """A log level's name as a logging level (unset: ``INFO``).
+
+    Raises:
+        ConfigError: not one of ``LEVELS``, naming ``source`` (where the value came from).
+    """
+    name = (raw or DEFAULT_LEVEL).strip().upper()
+    if name not in LEVELS:
+        raise ConfigError(f"{given(source, raw or '')}: expected one of {', '.join(LEVELS)}")
+    return getattr(logging, name)
+
+
+# Parsers: (where the value came from, the value as written) -> the setting's value.
+
+def _text(source: str, raw: str) -> str:
+    return raw
+
+
+def _seconds(source: str, raw: str) -> timedelta:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{given(source, raw)}: not a number of seconds") from None
+    return timedelta(seconds=value)
+
+
+def _seconds_or_default(source: str, raw: str) -> float:
+    """A number of seconds; anything else is logged and means the default (a hook never fails)."""
+    try:
+        return float(raw)
+    except ValueError:
+        log.warning("coordinator slurm: %s=%r is not a number; using %g", source, raw, _SLURM_TIMEOUT_S)
+        return _SLURM_TIMEOUT_S
+
+
+def _integer(source: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{given(source, raw)}: not a whole number") from None
+
+
 def _flag(source: str, raw: str) -> bool:
     return parse_flag(raw, source)
 
 
-_PARSE_ENV = {
-    "store": lambda name, raw: raw,
-    "secret": lambda name, raw: raw,
-    "lease": _seconds,
-    "wait_timeout": _seconds,
-    "progress_interval": _seconds,
-    "namespace": lambda name, raw: raw,
-    "caches": lambda name, raw: tuple(part.strip() for part in raw.split(",") if part.strip()),
-    "chunk_bytes": _integer,
-    "ship_cpu_kernels": _flag,
-    "share_local_hits": _flag,
-    "compile_choices_once": _flag,
-    "signalled_waits": _flag,
-    "early_backward": _flag,
-    "cache_ddp_graphs": _flag,
-    "concurrent_splits": _flag,
-    "precompile": _flag,
-    "trace_dir": lambda name, raw: Path(raw),
-}
+def _level(source: str, raw: str) -> int:
+    return parse_level(raw, source)
+
+
+def _names(source: str, raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _exactly_one(source: str, raw: str) -> bool:
+    return raw == "1"
+
+
+def _path(source: str, raw: str) -> Path:
+    return Path(raw)
+
+
+def _setting(default: Any, *, env: str, parse: Callable[[str, str], Any], help: str) -> Any:
+    """A settings field: its default, its environment variable, how the variable's value
+    is read, and one line on what it does (``coordinator-run --help``; ``{cache_kinds}``
+    stands for the cache kinds)."""
+    return dataclasses.field(default=default, metadata={"env": env, "parse": parse, "help": help})
+
+
+def _cache_kinds() -> dict:
+    from coordinator import _compat
+
+    return _compat.CACHE_KINDS
+
+
+def __getattr__(name: str) -> Any:
+    """``CACHE_KINDS``, ``DEFAULT_CACHES`` and ``DESCRIPTIONS``, computed at first use."""
+    if name == "CACHE_KINDS":  # Inductor caches the coordinator can route (one record each)
+        return tuple(_cache_kinds())
+    if name == "DEFAULT_CACHES":  # routed unless ``caches`` says otherwise
+        return tuple(kind_name for kind_name, kind in _cache_kinds().items() if kind.default)
+    if name == "DESCRIPTIONS":  # one line per setting: what it does, and its default
+        return descriptions()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class Config:
     """Validated settings of one ``compile_once`` session."""
 
-    store: Any = None
+    store: Any = _setting(
+        None, env="COORDINATOR_STORE", parse=_text,
+        help="where ranks meet: redis://host:port/db, rediss://..., file:///dir (default: the job's TCPStore)")
     """Where ranks meet: ``None`` for the job's torch.distributed store (the TCPStore
     behind the default process group), a ``redis://``/``rediss://`` URL, a ``file://``
     directory, a ``torch.distributed.Store`` or a ``coordinator.Store``."""
 
-    secret: bytes | None = None
+    secret: bytes | None = _setting(
+        None, env="COORDINATOR_SECRET", parse=_text,
+        help="sign every value with HMAC-SHA256 and refuse unsigned or wrongly signed ones (default: none)")
     """Shared secret: when set, every value is signed with HMAC-SHA256 and unsigned or
     wrongly signed values are refused."""
 
-    lease: timedelta = timedelta(seconds=20)
+    lease: timedelta = _setting(
+        timedelta(seconds=20), env="COORDINATOR_LEASE_S", parse=_seconds,
+        help="seconds without a heartbeat after which a waiter takes over a compile (default 20)")
     """A claim whose heartbeat has not moved for this long is taken over by a waiter."""
 
-    wait_timeout: timedelta = timedelta(seconds=1800)
+    wait_timeout: timedelta = _setting(
+        timedelta(seconds=1800), env="COORDINATOR_WAIT_TIMEOUT_S", parse=_seconds,
+        help="longest wait for one graph in seconds; then the rank compiles it itself (default 1800)")
     """Longest wait for one key; past it the waiter compiles locally."""
 
-    progress_interval: timedelta = timedelta(seconds=10)
+    progress_interval: timedelta = _setting(
+        timedelta(seconds=10), env="COORDINATOR_PROGRESS_S", parse=_seconds,
+        help="seconds between a waiting rank's progress lines (default 10)")
     """How often a waiting rank logs a progress line."""
 
-    namespace: str = ""
+    namespace: str = _setting(
+        "", env="COORDINATOR_NAMESPACE", parse=_text,
+        help="extra key prefix (model, team) for stores that many jobs share (default: none)")
     """Extra key prefix, e.g. a model or team name, for stores shared across jobs."""
 
-    caches: tuple[str, ...] = DEFAULT_CACHES
-    """Which Inductor caches to route through the coordinator (see ``CACHE_KINDS``)."""
+    caches: tuple[str, ...] = _setting(
+        None, env="COORDINATOR_CACHES", parse=_names,
+        help="comma-separated caches to share: {cache_kinds} (default: all but bundled_autotune)")
+    """Which Inductor caches to route through the coordinator (see ``CACHE_KINDS``);
+    ``None``: ``DEFAULT_CACHES``."""
 
-    chunk_bytes: int = 64 * 1024 * 1024
+    chunk_bytes: int = _setting(
+        64 * 1024 * 1024, env="COORDINATOR_CHUNK_BYTES", parse=_integer,
+        help="largest single Redis value; larger ones are chunked (default 64 MiB)")
     """Largest single value written to Redis; larger values are split into chunks."""
 
-    ship_cpu_kernels: bool = True
+    ship_cpu_kernels: bool = _setting(
+        True, env="COORDINATOR_SHIP_CPU_KERNELS", parse=_flag,
+        help="ship compiled C++ kernels with FX graphs (1/0, default 1)")
     """Ship the compiled C++ kernel libraries with each FX-graph entry (CPU), and on GPUs
     the host C modules Triton built for it (kernel launchers, driver utilities)."""
 
-    share_local_hits: bool = True
+    share_local_hits: bool = _setting(
+        True, env="COORDINATOR_SHARE_LOCAL_HITS", parse=_flag,
+        help="publish graphs found in the local cache, or wait while another rank compiles them (default 1)")
     """When a rank finds an FX graph in its own local cache: publish it if no rank has,
     or wait on the store while another rank compiles it, so that a warm rank neither
     leaves cold ranks compiling nor reaches the first collective long before them."""
 
-    compile_choices_once: bool = True
+    compile_choices_once: bool = _setting(
+        True, env="COORDINATOR_COMPILE_CHOICES_ONCE", parse=_flag,
+        help="max-autotune: compile each GEMM choice once, in threads of the rank (default 1)")
     """In max-autotune, precompile a GEMM selection's Triton template choices in threads
     of this process rather than in Inductor's compile workers, whose kernels the timing
     does not find on some torch versions and compiles a second time, one at a time
     (``_compat.precompile_choices_in_process``)."""
 
-    signalled_waits: bool = True
+    signalled_waits: bool = _setting(
+        True, env="COORDINATOR_SIGNALLED_WAITS", parse=_flag,
+        help="waiting ranks block on the compiling rank's signals instead of polling (default 1)")
     """Waiting ranks block on the claimant's heartbeat and end signals (the c10d store's
     server-side ``wait``, Redis publish/subscribe) instead of polling the store; the
     directory store polls either way. False polls (three reads every 10 to 200 ms)."""
 
-    early_backward: bool = True
+    early_backward: bool = _setting(
+        True, env="COORDINATOR_EARLY_BACKWARD", parse=_flag,
+        help="a waiting rank compiles the backward graphs it knows meanwhile (default 1)")
     """A rank that waits for another rank's FX graph first compiles the backward graphs
     it already knows, which AOTAutograd would compile one by one at the first backward
     pass (``coordinator.features.early_backward``)."""
 
-    cache_ddp_graphs: bool = True
+    cache_ddp_graphs: bool = _setting(
+        True, env="COORDINATOR_CACHE_DDP_GRAPHS", parse=_flag,
+        help="serve DDP's split graphs from AOTAutograd's cache (default 1 where torch allows)")
     """Serve the graphs DDPOptimizer splits out of a DDP model from AOTAutograd's cache,
     which bypasses them, so that a restart (and a rank that finds another rank's entry)
     skips AOTAutograd for them (``_compat.cached_split_graphs``). Only on the torch
     versions it was checked on; elsewhere it stays off, with one INFO line."""
 
-    concurrent_splits: bool = True
+    concurrent_splits: bool = _setting(
+        True, env="COORDINATOR_CONCURRENT_SPLITS", parse=_flag,
+        help="each rank compiles a share of every frame DDPOptimizer splits, at the same time (default 1)")
     """When DDPOptimizer splits a frame of a DDP model into one graph per bucket, the ranks
     compile a share of its graphs each, at the same time, before the chain that compiles
     them one after another, and the chain loads what the others compiled
     (``coordinator.features.split_shares``). Needs ``cache_ddp_graphs`` and more than one rank."""
 
-    precompile: bool = False
+    precompile: bool = _setting(
+        False, env="COORDINATOR_PRECOMPILE", parse=_flag,
+        help="share each function's precompiled form, installed without tracing (default 0)")
     """Share each compiled function's precompiled form (Dynamo's caching precompile):
     ranks and later jobs that find it install the function before its first call and
     skip Dynamo's tracing for it (``coordinator.features.precompiled``). Only on the torch
@@ -229,7 +258,9 @@ class Config:
     compile of the process, and a model whose frames torch cannot package (HF layers
     under FSDP2: their ``CLASS_MATCH`` guards) restarts slower with it."""
 
-    trace_dir: Path | None = None
+    trace_dir: Path | None = _setting(
+        None, env="COORDINATOR_TRACE", parse=_path,
+        help="write this rank's coordinator events into this dir, for coordinator report (default: none)")
     """Write this rank's coordinator events (claims, compiles, waits, receives) as Chrome
     trace JSON into this directory, for ``coordinator report`` (``coordinator.observe.trace``)."""
 
@@ -245,12 +276,7 @@ class Config:
             if not isinstance(value, timedelta) or value <= timedelta(0):
                 raise self._invalid(name, "must be a positive number of seconds (or a positive timedelta)")
             setattr(self, name, value)
-        if isinstance(self.caches, str):
-            self.caches = tuple(part.strip() for part in self.caches.split(",") if part.strip())
-        self.caches = tuple(self.caches)
-        unknown = sorted(set(self.caches) - set(CACHE_KINDS))
-        if unknown:
-            raise self._invalid("caches", f"unknown cache kinds {unknown}; allowed: {', '.join(CACHE_KINDS)}")
+        self._check_caches()
         if not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1024:
             raise self._invalid("chunk_bytes", "must be a whole number of bytes, at least 1024")
         if not isinstance(self.namespace, str) or not re.fullmatch(r"[A-Za-z0-9._-]*", self.namespace):
@@ -259,9 +285,21 @@ class Config:
             self.trace_dir = Path(self.trace_dir)
         if self.trace_dir is not None and self.trace_dir.exists() and not self.trace_dir.is_dir():
             raise self._invalid("trace_dir", "exists and is not a directory")
-        if isinstance(self.store, str):
-            from coordinator.protocol.stores import check_store_url
+        self._check_store()
 
+    def _check_caches(self) -> None:
+        kinds = tuple(_cache_kinds())
+        if self.caches is None:
+            self.caches = tuple(name for name, kind in _cache_kinds().items() if kind.default)
+        if isinstance(self.caches, str):
+            self.caches = _names("caches", self.caches)
+        self.caches = tuple(self.caches)
+        unknown = sorted(set(self.caches) - set(kinds))
+        if unknown:
+            raise self._invalid("caches", f"unknown cache kinds {unknown}; allowed: {', '.join(kinds)}")
+
+    def _check_store(self) -> None:
+        if isinstance(self.store, str):
             try:
                 check_store_url(self.store)
             except ConfigError as exc:
@@ -289,23 +327,7 @@ class Config:
             ConfigError: a setting is invalid, naming the variable or argument it came
                 from and the value given.
         """
-        environ = os.environ if environ is None else environ
-        _check_names(arguments)
-        values: dict[str, Any] = {}
-        from_environ: dict[str, str] = {}
-        for name, env_name in _ENV.items():
-            if arguments.get(name) is not None:
-                values[name] = arguments[name]
-            elif environ.get(env_name):
-                source = (sources or {}).get(env_name, env_name)
-                values[name] = _PARSE_ENV[name](source, environ[env_name])
-                from_environ[name] = given(source, environ[env_name])
-        try:
-            return cls(**values)
-        except ConfigError as exc:
-            if getattr(exc, "setting", None) in from_environ:
-                raise ConfigError(f"{from_environ[exc.setting]}: {exc.reason}") from None
-            raise
+        return _resolve(cls, environ, sources, arguments)
 
     def differences(self, other: Config) -> list[str]:
         """Each setting in which ``other`` differs from this config, as ``name
@@ -320,7 +342,7 @@ class Config:
                          "none" if theirs is None else "set" if mine is None else "another one")
             else:
                 shown = (_shown(mine), _shown(theirs))
-            found.append(f"{field.name} ({_ENV[field.name]}): active {shown[0]}, requested {shown[1]}")
+            found.append(f"{field.name} ({field.metadata['env']}): active {shown[0]}, requested {shown[1]}")
         return found
 
     def replace(self, **arguments: Any) -> Config:
@@ -330,8 +352,175 @@ class Config:
         Raises:
             ConfigError: a setting is unknown or invalid.
         """
-        _check_names(arguments)
+        _check_names(type(self), arguments)
         return dataclasses.replace(self, **{name: value for name, value in arguments.items() if value is not None})
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True)
+class JobSettings:
+    """What a job reads around its ``compile_once`` sessions: the launcher's switch and log
+    level, the bundle settings, and the SLURM hooks' own.
+
+    Values are parsed, not checked against each other or against stores: a bundle URL
+    or name is checked by :meth:`check_bundles` where a bad one must stop a job before
+    it starts (``coordinator-run``), and otherwise where it is used.
+    """
+
+    enable: bool = _setting(
+        False, env="COORDINATOR_ENABLE", parse=_flag,
+        help="run every worker process under compile_once (set by coordinator-run)")
+    log_level: int = _setting(
+        logging.INFO, env="COORDINATOR_LOG_LEVEL", parse=_level,
+        help="the workers' coordinator log lines: DEBUG, INFO, WARNING, ERROR (default: INFO)")
+    restore_bundle: str | None = _setting(
+        None, env="COORDINATOR_RESTORE_BUNDLE", parse=_text,
+        help="install the bundle saved in this store once per node before the workers start")
+    save_bundle: str | None = _setting(
+        None, env="COORDINATOR_SAVE_BUNDLE", parse=_text,
+        help="rank 0 saves the job's bundle into this store at exit (outbox: into the node's outbox, "
+             "for the SLURM Epilog)")
+    push_bundle: str | None = _setting(
+        None, env="COORDINATOR_PUSH_BUNDLE", parse=_text,
+        help="the SLURM Epilog publishes the bundles of the node's outbox to this store")
+    bundle_name: str = _setting(
+        "default", env="COORDINATOR_BUNDLE_NAME", parse=_text,
+        help="the bundle to save or restore (default: default)")
+    job_config: str | None = _setting(
+        None, env="COORDINATOR_JOB_CONFIG", parse=_text,
+        help="a job's settings file for the SLURM hooks (its comment's coordinator.config=PATH)")
+    node_cache_dir: str | None = _setting(
+        None, env="COORDINATOR_NODE_CACHE_DIR", parse=_text,
+        help="the node's Inductor cache dir for a SLURM job, {user}, {uid}, {job} filled in "
+             "(default: Inductor's own default dir)")
+    slurm_as_user: bool = _setting(
+        False, env="COORDINATOR_SLURM_AS_USER", parse=_exactly_one,
+        help="set for the SLURM hook's run as the job's user (1)")
+    slurm_clean: bool = _setting(
+        False, env="COORDINATOR_SLURM_CLEAN", parse=_flag,
+        help="the SLURM Epilog removes the node's cache dir (default 0)")
+    slurm_timeout: float = _setting(
+        _SLURM_TIMEOUT_S, env="COORDINATOR_SLURM_TIMEOUT", parse=_seconds_or_default,
+        help="seconds a SLURM hook may take, then the job compiles as usual (default 300)")
+
+    @classmethod
+    def resolve(cls, environ: Mapping[str, str] | None = None, *, sources: Mapping[str, str] | None = None,
+                names: Iterable[str] | None = None, **arguments: Any) -> JobSettings:
+        """Build a job's settings as :meth:`Config.resolve` does, reading from ``environ``
+        only the settings in ``names`` (default: all); the others keep their defaults.
+
+        Raises:
+            ConfigError: a setting is unknown or invalid, naming the variable (or option)
+                and the value given.
+        """
+        return _resolve(cls, environ, sources, arguments, names)
+
+    def check_bundles(self, sources: Mapping[str, str] | None = None) -> None:
+        """Refuse a bundle URL that names no store (``save_bundle`` may be ``outbox``) or a
+        bundle name that cannot name a bundle.
+
+        Raises:
+            ConfigError: naming the variable or option (``sources``) and the value given.
+        """
+        for name in ("restore_bundle", "save_bundle", "bundle_name"):
+            value = getattr(self, name)
+            if not value:
+                continue
+            try:
+                if name == "bundle_name":
+                    check_bundle_name(value)
+                elif not (name == "save_bundle" and value == "outbox"):
+                    check_store_url(value)
+            except ConfigError as exc:
+                env_name = variable(name)
+                raise ConfigError(f"{given((sources or {}).get(env_name, env_name), value)}: {exc}") from None
+
+
+def enable_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the on switch is set at all (its value is read by :meth:`JobSettings.resolve`):
+    the one check ``coordinator/_site/sitecustomize.py`` makes in every process it runs in."""
+    return bool((os.environ if environ is None else environ).get(variable("enable"), "").strip())
+
+
+def take_enable_switch(environ: dict[str, str] | None = None) -> bool:
+    """Whether the on switch is on; when it is, it is taken out of ``environ`` (default
+    ``os.environ``), so that the processes this one starts do not switch on too.
+
+    Raises:
+        ConfigError: the switch's value is not a yes/no value.
+    """
+    environ = os.environ if environ is None else environ
+    if not JobSettings.resolve(environ, names=("enable",)).enable:
+        return False
+    del environ[variable("enable")]
+    return True
+
+
+def check_store_url(url: str) -> None:
+    """The one check of a store URL, for settings and ``open_store`` alike; it reaches no
+    server (the stores name the schemes, ``coordinator.protocol.stores``).
+
+    Raises:
+        ConfigError: ``url`` cannot name a store.
+    """
+    from coordinator.protocol.stores import check_store_url as check
+
+    check(url)
+
+
+def check_bundle_name(name: str) -> None:
+    """Raise ``ConfigError`` unless ``name`` can name a bundle (letters, digits, '.', '_', '-')."""
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", name):
+        raise ConfigError(f"bundle name {name!r} may only hold letters, digits, '.', '_' and '-'")
+
+
+_ALL = (Config, JobSettings)
+
+
+def variable(setting: str) -> str:
+    """The environment variable of ``setting`` (a field of :class:`Config` or :class:`JobSettings`)."""
+    for cls in _ALL:
+        for field in dataclasses.fields(cls):
+            if field.name == setting:
+                return field.metadata["env"]
+    raise KeyError(setting)
+
+
+def descriptions(cls: type = Config) -> dict[str, str]:
+    """One line per setting of ``cls``: what it does, and its default (``coordinator-run --help``)."""
+    kinds = ", ".join(_cache_kinds())
+    return {field.name: field.metadata["help"].replace("{cache_kinds}", kinds) for field in dataclasses.fields(cls)}
+
+
+#: Setting -> environment variable, for each ``Config`` field.
+_ENV = {field.name: field.metadata["env"] for field in dataclasses.fields(Config)}
+#: Setting -> parser of its variable's value, for each ``Config`` field.
+_PARSE_ENV = {field.name: field.metadata["parse"] for field in dataclasses.fields(Config)}
+
+
+def _resolve(cls: type, environ: Mapping[str, str] | None, sources: Mapping[str, str] | None,
+             arguments: Mapping[str, Any], names: Iterable[str] | None = None) -> Any:
+    """``cls`` built from the arguments that are not ``None``, else the variables of
+    ``environ`` (those of ``names``, default all), else the defaults; an invalid value
+    from a variable is named as the variable (or the option of ``sources``) gave it."""
+    environ = os.environ if environ is None else environ
+    names = None if names is None else set(names)
+    _check_names(cls, arguments)
+    values: dict[str, Any] = {}
+    from_environ: dict[str, str] = {}
+    for field in dataclasses.fields(cls):
+        env_name = field.metadata["env"]
+        if arguments.get(field.name) is not None:
+            values[field.name] = arguments[field.name]
+        elif (names is None or field.name in names) and environ.get(env_name):
+            source = (sources or {}).get(env_name, env_name)
+            values[field.name] = field.metadata["parse"](source, environ[env_name])
+            from_environ[field.name] = given(source, environ[env_name])
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        if getattr(exc, "setting", None) in from_environ:
+            raise ConfigError(f"{from_environ[exc.setting]}: {exc.reason}") from None
+        raise
 
 
 def _invalid(setting: str, value: Any, reason: str) -> ConfigError:
@@ -351,7 +540,8 @@ def _shown(value: Any) -> str:
     return repr(value)
 
 
-def _check_names(arguments: Mapping[str, Any]) -> None:
-    unknown = sorted(set(arguments) - set(_ENV))
+def _check_names(cls: type, arguments: Mapping[str, Any]) -> None:
+    allowed = [field.name for field in dataclasses.fields(cls)]
+    unknown = sorted(set(arguments) - set(allowed))
     if unknown:
-        raise ConfigError(f"unknown settings {unknown}; allowed: {', '.join(_ENV)}")
+        raise ConfigError(f"unknown settings {unknown}; allowed: {', '.join(allowed)}")

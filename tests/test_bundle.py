@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import msgpack
@@ -11,7 +12,9 @@ from conftest import WITH_PROBES, require_success
 
 import coordinator
 from coordinator import EnvironmentMismatch, IntegrityError
-from coordinator.bundles import build_bundle, bundle_key, read_bundle
+from coordinator.bundles.format import build_bundle, read_bundle
+from coordinator.bundles.keys import bundle_key
+from coordinator.bundles.transfer import fetch_bundle
 
 UNIQUE_GRAPHS = 2
 # A restored rank runs no compiler at all: no precompiled header, no ISA probe (the bundle
@@ -81,9 +84,12 @@ def test_round_trip_and_inspect():
 
 
 def _forge(blob):
-    magic, header, artifacts, mac = msgpack.unpackb(blob)
-    artifacts["megacache"] = b"evil" + artifacts["megacache"][4:]
-    return msgpack.packb([magic, header, artifacts, mac], use_bin_type=True)
+    # As anyone can without the secret: change an artifact, and the envelope's checksum to match.
+    magic, body, _, mac = msgpack.unpackb(blob)
+    fields = msgpack.unpackb(body)
+    fields["files"]["megacache"] = b"evil" + fields["files"]["megacache"][4:]
+    body = msgpack.packb(fields, use_bin_type=True)
+    return msgpack.packb([magic, body, hashlib.sha256(body).digest(), mac], use_bin_type=True)
 
 
 @pytest.mark.parametrize(
@@ -118,7 +124,7 @@ def test_bundle_over_512mb_survives_redis(redis_server):
     blob, artifacts = synthetic(size=600 * 1024 * 1024)
     del artifacts
     coordinator.save_bundle(redis_server.url, name="big", blob=blob)
-    fetched = coordinator.fetch_bundle(redis_server.url, name="big")
+    fetched = fetch_bundle(redis_server.url, name="big")
     assert len(fetched.megacache) == 600 * 1024 * 1024
 
 

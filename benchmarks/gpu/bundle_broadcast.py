@@ -28,7 +28,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import coordinator  # noqa: E402
-from coordinator.bundles import broadcast_bytes, build_bundle, read_bundle  # noqa: E402
+from coordinator.bundles.broadcast import broadcast_bytes  # noqa: E402
+from coordinator.bundles.format import build_bundle, pack_bundle, read_bundle  # noqa: E402
 from coordinator.testing import GPT, count_triton_compiles  # noqa: E402
 
 triton_compiles = count_triton_compiles()
@@ -40,6 +41,27 @@ def step(model, gen):
     loss.backward()
     torch.cuda.synchronize()
     return loss.item()
+
+
+def synthetic(gib: float, rank: int) -> dict:
+    """A synthetic bundle of ``gib`` GiB broadcast and verified, vs a plain broadcast of as many bytes."""
+    n = int(gib * 2**30)
+    blob = build_bundle({"megacache": os.urandom(n)}) if rank == 0 else None
+    dist.barrier()
+    received, seconds = broadcast_bytes(blob, 0)
+    if rank == 1:
+        read_bundle(received)  # verified end to end
+    size = len(blob if blob is not None else received)
+    plain = torch.empty(size, dtype=torch.uint8, device="cuda")
+    dist.broadcast(plain, 0)  # warm-up
+    torch.cuda.synchronize()
+    dist.barrier()
+    t = time.perf_counter()
+    dist.broadcast(plain, 0)
+    torch.cuda.synchronize()
+    plain_s = time.perf_counter() - t
+    return dict(synthetic_bytes=size, synthetic_broadcast_s=seconds, synthetic_gbps=size / seconds / 1e9,
+                plain_broadcast_s=plain_s, plain_gbps=size / plain_s / 1e9)
 
 
 def main() -> None:
@@ -62,7 +84,7 @@ def main() -> None:
         out["step1_s"] = time.perf_counter() - t
     dist.barrier()
     if rank == 0:
-        packed = read_bundle(coordinator.pack_bundle())
+        packed = read_bundle(pack_bundle())
         out["bundle_autotune_files"] = len(packed.autotune)
         out["bundle_kernel_files"] = len(packed.kernels)
         on_disk = [str(p) for p in Path(fresh).rglob("*.best_config")]
@@ -85,24 +107,7 @@ def main() -> None:
         out["counters"] = {k: v for k, v in counters["inductor"].items()
                            if "bench" in k or "autotune" in k or "coordesc" in k}
 
-    # Synthetic bundle of >= 1 GiB vs a plain broadcast of the same number of bytes.
-    n = int(args.synthetic_gb * 2**30)
-    blob = build_bundle({"megacache": os.urandom(n)}) if rank == 0 else None
-    dist.barrier()
-    received, seconds = broadcast_bytes(blob, 0)
-    if rank == 1:
-        read_bundle(received)  # verified end to end
-    size = len(blob if blob is not None else received)
-    plain = torch.empty(size, dtype=torch.uint8, device="cuda")
-    dist.broadcast(plain, 0)  # warm-up
-    torch.cuda.synchronize()
-    dist.barrier()
-    t = time.perf_counter()
-    dist.broadcast(plain, 0)
-    torch.cuda.synchronize()
-    plain_s = time.perf_counter() - t
-    out.update(synthetic_bytes=size, synthetic_broadcast_s=seconds, synthetic_gbps=size / seconds / 1e9,
-               plain_broadcast_s=plain_s, plain_gbps=size / plain_s / 1e9)
+    out.update(synthetic(args.synthetic_gb, rank))
     everyone = [None, None]
     dist.all_gather_object(everyone, out)
     if rank == 0:

@@ -1,8 +1,8 @@
 """Turn compile_once on in a Python process from environment variables alone.
 
-``coordinator-run`` puts this directory first on the workers' ``PYTHONPATH`` and sets
-``COORDINATOR_ENABLE=1`` (plus any ``COORDINATOR_*`` settings): every worker then
-runs under ``coordinator.compile_once()`` for its whole life, with no change to the
+``coordinator-run`` puts this directory first on the workers' ``PYTHONPATH`` and turns
+the ``enable`` setting on (plus any other settings, ``coordinator.settings``): every worker
+then runs under ``coordinator.compile_once()`` for its whole life, with no change to the
 training script. The store is opened at the first compile, after the script has
 called ``init_process_group``. A site's own ``sitecustomize`` further down the path
 still runs.
@@ -29,7 +29,13 @@ def _leave_pythonpath() -> None:
 
 
 def _enable() -> None:
-    if not os.environ.get("COORDINATOR_ENABLE", "").strip():  # enable_from_env reads its value
+    try:
+        from coordinator.settings import enable_requested  # imports no torch: cheap while off
+
+        if not enable_requested():  # enable_from_env reads its value
+            return
+    except Exception as exc:  # never stop the process from starting
+        print(f"coordinator: not enabled: {type(exc).__name__}: {exc}", file=sys.stderr)
         return
     _leave_pythonpath()
     try:

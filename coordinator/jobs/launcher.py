@@ -7,15 +7,15 @@
                     [--coordinator-trace DIR]
                     <every torchrun flag> script.py [args]
 
-Its own options all start with ``--coordinator-`` (or come from the ``COORDINATOR_*``
-environment variables), so they never collide with torchrun's; everything else is
+Its own options all start with ``--coordinator-`` (or come from the settings' environment
+variables, ``coordinator.settings``), so they never collide with torchrun's; everything else is
 handed unchanged to ``torch.distributed.run.main``, in this process, so flags, exit
 codes and signal handling are torchrun's own. Before the workers start it:
 
-* refuses invalid ``COORDINATOR_*`` settings (exit status 1, the ``ConfigError``'s
-  message), which every worker would refuse;
-* puts ``coordinator/_site`` first on the workers' ``PYTHONPATH`` and sets
-  ``COORDINATOR_ENABLE=1``: every worker runs under ``compile_once()``;
+* refuses invalid settings (exit status 1, the ``ConfigError``'s message), which every
+  worker would refuse;
+* puts ``coordinator/_site`` first on the workers' ``PYTHONPATH`` and turns the ``enable``
+  setting on: every worker runs under ``compile_once()``;
 * when every worker has a GPU of its own, turns on torchrun's virtual local rank
   (``PET_VIRTUAL_LOCAL_RANK=1``): each worker sees its GPU as ``cuda:0``, so Inductor's
   keys match across ranks. With more workers than GPUs (ranks sharing a GPU) it stays
@@ -30,7 +30,7 @@ codes and signal handling are torchrun's own. Before the workers start it:
 * with ``--coordinator-trace DIR``, has every worker write its coordinator events into
   ``DIR`` (``coordinator.observe.trace``), which ``coordinator report DIR`` merges.
 
-``coordinator-run --help`` lists these options and the ``COORDINATOR_*`` variables, then
+``coordinator-run --help`` lists these options and the settings' variables, then
 torchrun's own help.
 
 Each worker shows the ``coordinator`` logger's lines (its summary at exit, who it waits
@@ -51,34 +51,26 @@ import sys
 
 from coordinator import _compat
 from coordinator.errors import ConfigError
-from coordinator.observe.logs import parse_level, show_coordinator_logs
+from coordinator.observe.logs import show_coordinator_logs
+from coordinator.settings import Config, JobSettings, descriptions, variable
 
 log = logging.getLogger(__name__)
 
+#: Our options: flag -> (the setting it gives, its value in ``--help``).
+_OPTION_SETTINGS = {
+    "--coordinator-store": ("store", "URL"),
+    "--coordinator-secret": ("secret", "SECRET"),
+    "--coordinator-restore": ("restore_bundle", "URL"),
+    "--coordinator-save-bundle": ("save_bundle", "URL"),
+    "--coordinator-bundle-name": ("bundle_name", "NAME"),
+    "--coordinator-namespace": ("namespace", "NS"),
+    "--coordinator-log-level": ("log_level", "LEVEL"),
+    "--coordinator-trace": ("trace_dir", "DIR"),
+}
 #: Our options: flag -> environment variable the workers (or we) read.
-OPTIONS = {
-    "--coordinator-store": "COORDINATOR_STORE",
-    "--coordinator-secret": "COORDINATOR_SECRET",
-    "--coordinator-restore": "COORDINATOR_RESTORE_BUNDLE",
-    "--coordinator-save-bundle": "COORDINATOR_SAVE_BUNDLE",
-    "--coordinator-bundle-name": "COORDINATOR_BUNDLE_NAME",
-    "--coordinator-namespace": "COORDINATOR_NAMESPACE",
-    "--coordinator-log-level": "COORDINATOR_LOG_LEVEL",
-    "--coordinator-trace": "COORDINATOR_TRACE",
-}
-#: Each option's value, and what it does where ``Config`` does not say (``--help``).
-_OPTION_HELP = {
-    "--coordinator-store": ("URL", None),
-    "--coordinator-secret": ("SECRET", None),
-    "--coordinator-restore": ("URL", "install the bundle saved in this store once per node before the workers start"),
-    "--coordinator-save-bundle": ("URL", "rank 0 saves the job's bundle into this store at exit (outbox: "
-                                         "into the node's outbox, for the SLURM Epilog)"),
-    "--coordinator-bundle-name": ("NAME", "the bundle to save or restore (default: default)"),
-    "--coordinator-namespace": ("NS", None),
-    "--coordinator-log-level": ("LEVEL", "the workers' coordinator log lines: DEBUG, INFO, WARNING, ERROR "
-                                         "(default: INFO)"),
-    "--coordinator-trace": ("DIR", None),
-}
+OPTIONS = {flag: variable(setting) for flag, (setting, _) in _OPTION_SETTINGS.items()}
+#: The job settings ``coordinator-run`` reads and checks before the workers start.
+_LAUNCH_SETTINGS = ("log_level", "restore_bundle", "save_bundle", "bundle_name")
 _HELP_FLAGS = ("-h", "--help")
 
 
@@ -141,10 +133,8 @@ def asks_for_help(torchrun_args: list[str]) -> bool:
 
 
 def help_text() -> str:
-    """Our options and ``COORDINATOR_*`` variables; torchrun's own help follows it."""
-    from coordinator.settings import _ENV, DESCRIPTIONS
-
-    setting_of = {variable: name for name, variable in _ENV.items()}
+    """Our options and the settings' variables; torchrun's own help follows it."""
+    meanings = {**descriptions(Config), **descriptions(JobSettings)}
     lines = [
         "usage: coordinator-run [--coordinator-OPTION VALUE ...] [torchrun options] script.py [script args]",
         "",
@@ -153,13 +143,12 @@ def help_text() -> str:
         "",
         "coordinator-run options (each can be given as its environment variable instead):",
     ]
-    for flag, variable in OPTIONS.items():
-        metavar, meaning = _OPTION_HELP[flag]
-        lines += [f"  {flag + ' ' + metavar:<36}{variable}", f"      {meaning or DESCRIPTIONS[setting_of[variable]]}"]
+    for flag, (setting, metavar) in _OPTION_SETTINGS.items():
+        lines += [f"  {flag + ' ' + metavar:<36}{OPTIONS[flag]}", f"      {meanings[setting]}"]
     lines += ["", "Other settings the workers read (compile_once arguments; README.md, \"Configuration\"):"]
-    for name, variable in _ENV.items():
-        if variable not in OPTIONS.values():
-            lines += [f"  {variable}", f"      {DESCRIPTIONS[name]}"]
+    for name, meaning in descriptions(Config).items():
+        if variable(name) not in OPTIONS.values():
+            lines += [f"  {variable(name)}", f"      {meaning}"]
     return "\n".join(lines + ["", "torchrun's help:", ""])
 
 
@@ -201,7 +190,7 @@ def worker_environment(settings: dict[str, str], environ: dict[str, str], *,
     site = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_site")
     pythonpath = environ.get("PYTHONPATH", "")
     env = dict(settings)
-    env["COORDINATOR_ENABLE"] = "1"
+    env[variable("enable")] = "1"
     env["PYTHONPATH"] = site + (os.pathsep + pythonpath if pythonpath else "")
     if virtual_local_rank and "PET_VIRTUAL_LOCAL_RANK" not in environ:
         env["PET_VIRTUAL_LOCAL_RANK"] = "1"
@@ -221,26 +210,12 @@ def check_settings(environ: dict[str, str], options: dict[str, str] | None = Non
     which the errors name by their option.
 
     Raises:
-        ConfigError: a ``COORDINATOR_*`` setting of ``environ`` is invalid, naming the
-            variable or option and the value given.
+        ConfigError: a setting of ``environ`` is invalid, naming the variable or option
+            and the value given.
     """
-    from coordinator.bundles import check_bundle_name
-    from coordinator.protocol.stores import check_store_url
-    from coordinator.settings import Config, given
-
-    sources = {variable: flag for flag, variable in OPTIONS.items() if variable in (options or {})}
+    sources = {env_name: flag for flag, env_name in OPTIONS.items() if env_name in (options or {})}
     Config.resolve(environ=environ, sources=sources)
-    parse_level(environ.get("COORDINATOR_LOG_LEVEL"), sources.get("COORDINATOR_LOG_LEVEL", "COORDINATOR_LOG_LEVEL"))
-    for name in ("COORDINATOR_RESTORE_BUNDLE", "COORDINATOR_SAVE_BUNDLE", "COORDINATOR_BUNDLE_NAME"):
-        if not environ.get(name):
-            continue
-        try:
-            if name == "COORDINATOR_BUNDLE_NAME":
-                check_bundle_name(environ[name])
-            elif not (name == "COORDINATOR_SAVE_BUNDLE" and environ[name] == "outbox"):
-                check_store_url(environ[name])
-        except ConfigError as exc:
-            raise ConfigError(f"{given(sources.get(name, name), environ[name])}: {exc}") from None
+    JobSettings.resolve(environ, sources=sources, names=_LAUNCH_SETTINGS).check_bundles(sources)
 
 
 def restore(url: str, name: str) -> None:
@@ -273,8 +248,9 @@ def main(argv: list[str] | None = None) -> None:
 
     virtual = one_gpu_per_worker(workers_per_node(torchrun_args), torch.cuda.device_count())
     os.environ.update(worker_environment(settings, dict(os.environ), virtual_local_rank=virtual))
-    if os.environ.get("COORDINATOR_RESTORE_BUNDLE"):
-        restore(os.environ["COORDINATOR_RESTORE_BUNDLE"], os.environ.get("COORDINATOR_BUNDLE_NAME", "default"))
+    job = JobSettings.resolve(names=("restore_bundle", "bundle_name"))
+    if job.restore_bundle:
+        restore(job.restore_bundle, job.bundle_name)
     from torch.distributed.run import main as torchrun_main
 
     torchrun_main(torchrun_args)

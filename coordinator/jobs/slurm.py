@@ -5,8 +5,8 @@ there, and the Epilog once per node when the allocation ends. ``launch/slurm/pro
 and ``epilog.sh`` source the site settings beside them and call ``coordinator slurm
 prolog|epilog``, which:
 
-* reads the job's settings: the site file's ``COORDINATOR_*`` variables, then a config
-  file the job names in its comment (``--comment coordinator.config=/path``), then
+* reads the job's settings (``coordinator.settings.JobSettings``): the site file's
+  variables, then a config file the job names in its comment (``--comment coordinator.config=/path``), then
   ``coordinator.<key>=<value>`` items of the comment itself. SLURM hands prologs the
   job's comment, not its environment. A secret comes only from a file: anyone can
   read a job's comment;
@@ -19,8 +19,8 @@ prolog|epilog``, which:
   tasks find it with no setting);
 * Epilog: publishes the bundles the job left in the node's outbox
   (``<cache dir>/coordinator-outbox``, a ``file://`` store the job's rank 0 saves to
-  with ``COORDINATOR_SAVE_BUNDLE=outbox``) to the push store, verified first; then
-  removes the cache dir when ``COORDINATOR_SLURM_CLEAN=1``.
+  with the ``save_bundle`` setting ``outbox``) to the push store, verified first; then
+  removes the cache dir when the ``slurm_clean`` setting is on.
 
 Neither ever fails the job: a failing Prolog drains the node and requeues the job,
 so every error (an unreachable store, a refused bundle, a timeout) is logged and the
@@ -39,31 +39,30 @@ import sys
 import time
 
 from coordinator import _compat
-from coordinator.bundles import OUTBOX
-from coordinator.settings import Config, parse_flag
+from coordinator.bundles.keys import OUTBOX
+from coordinator.settings import Config, JobSettings, variable
 
 log = logging.getLogger(__name__)
 
 #: Keys a job may set in its comment, and the variables they stand for. No secret:
 #: a job's comment is visible to every user of the cluster.
 COMMENT_KEYS = {
-    "restore": "COORDINATOR_RESTORE_BUNDLE",
-    "bundle": "COORDINATOR_BUNDLE_NAME",
-    "namespace": "COORDINATOR_NAMESPACE",
-    "push": "COORDINATOR_PUSH_BUNDLE",
-    "config": "COORDINATOR_JOB_CONFIG",
+    "restore": variable("restore_bundle"),
+    "bundle": variable("bundle_name"),
+    "namespace": variable("namespace"),
+    "push": variable("push_bundle"),
+    "config": variable("job_config"),
 }
+#: The job settings the hooks read from the site file, a job's config file and its comment.
+_HOOK_SETTINGS = ("restore_bundle", "push_bundle", "bundle_name", "node_cache_dir", "slurm_clean", "slurm_timeout")
 #: Variables a site file or a job's config file may set.
-FILE_KEYS = set(COMMENT_KEYS.values()) - {"COORDINATOR_JOB_CONFIG"} | {
-    "COORDINATOR_SECRET",
-    "COORDINATOR_NODE_CACHE_DIR",
-    "COORDINATOR_SLURM_CLEAN",
-    "COORDINATOR_SLURM_TIMEOUT",
+FILE_KEYS = set(COMMENT_KEYS.values()) - {variable("job_config")} | {
+    variable(name) for name in ("secret", "node_cache_dir", "slurm_clean", "slurm_timeout")
 }
 
 
 @dataclasses.dataclass(frozen=True)
-class JobSettings:
+class SlurmJob:
     """What the prolog and epilog do for one job on one node."""
 
     job_id: str
@@ -96,18 +95,17 @@ class JobSettings:
             "LOGNAME": self.user,
             "SLURM_JOB_ID": self.job_id,
             "TORCHINDUCTOR_CACHE_DIR": self.cache_dir,
-            "COORDINATOR_BUNDLE_NAME": self.bundle_name,
-            "COORDINATOR_NAMESPACE": self.namespace,
-            "COORDINATOR_SLURM_AS_USER": "1",
+            variable("bundle_name"): self.bundle_name,
+            variable("namespace"): self.namespace,
+            variable("slurm_as_user"): "1",
         }
         if os.environ.get("PYTHONPATH"):  # where an operator installed coordinator off the default path
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        for name, value in (("COORDINATOR_RESTORE_BUNDLE", self.restore_url),
-                            ("COORDINATOR_PUSH_BUNDLE", self.push_url),
-                            ("COORDINATOR_SECRET", self.secret), ("COORDINATOR_NODE_CACHE_DIR", self.cache_dir),
-                            ("COORDINATOR_SLURM_CLEAN", "1" if self.clean else "0")):
+        for name, value in (("restore_bundle", self.restore_url), ("push_bundle", self.push_url),
+                            ("secret", self.secret), ("node_cache_dir", self.cache_dir),
+                            ("slurm_clean", "1" if self.clean else "0")):
             if value:
-                env[name] = value
+                env[variable(name)] = value
         return env
 
 
@@ -156,7 +154,7 @@ def read_settings_file(path: str, *, owner_uid: int | None = None) -> dict[str, 
     return found
 
 
-def job_settings(environ: dict[str, str]) -> JobSettings:
+def job_settings(environ: dict[str, str]) -> SlurmJob:
     """Resolve one job's settings: site variables < job config file < job comment."""
     uid = int(environ.get("SLURM_JOB_UID", os.getuid()))
     try:
@@ -169,35 +167,28 @@ def job_settings(environ: dict[str, str]) -> JobSettings:
 
     merged = {name: value for name, value in environ.items() if name in FILE_KEYS and value}
     comment = parse_comment(environ.get("SLURM_JOB_COMMENT", ""))
-    job_config = comment.pop("COORDINATOR_JOB_CONFIG", None)
+    job_config = JobSettings.resolve(comment, names=("job_config",)).job_config
+    comment.pop(variable("job_config"), None)
     if job_config:
         merged.update(read_settings_file(job_config, owner_uid=uid))
     merged.update(comment)
 
-    template = merged.get("COORDINATOR_NODE_CACHE_DIR")
+    job = JobSettings.resolve(merged, names=_HOOK_SETTINGS)
+    template = job.node_cache_dir
     cache_dir = template.format(user=user, uid=uid, job=job_id) if template else _compat.default_cache_dir(user)
-    try:
-        timeout_s = float(merged.get("COORDINATOR_SLURM_TIMEOUT", "300"))
-    except ValueError:
-        log.warning("coordinator slurm: COORDINATOR_SLURM_TIMEOUT=%r is not a number; using 300",
-                    merged["COORDINATOR_SLURM_TIMEOUT"])
-        timeout_s = 300.0
     # The bundle's settings as compile_once reads them (validated): the rest of merged is ours.
-    config = Config.resolve(environ={name: merged[name] for name in ("COORDINATOR_SECRET", "COORDINATOR_NAMESPACE")
+    config = Config.resolve(environ={name: merged[name] for name in (variable("secret"), variable("namespace"))
                                      if name in merged})
-    return JobSettings(
+    return SlurmJob(
         job_id=job_id, user=user, uid=uid, gid=gid, cache_dir=cache_dir,
-        restore_url=merged.get("COORDINATOR_RESTORE_BUNDLE") or None,
-        push_url=merged.get("COORDINATOR_PUSH_BUNDLE") or None,
-        bundle_name=merged.get("COORDINATOR_BUNDLE_NAME") or "default",
+        restore_url=job.restore_bundle, push_url=job.push_bundle, bundle_name=job.bundle_name,
         namespace=config.namespace,
         secret=config.secret.decode() if config.secret else None,
-        clean=parse_flag(merged.get("COORDINATOR_SLURM_CLEAN") or "0", "COORDINATOR_SLURM_CLEAN"),
-        timeout_s=timeout_s,
+        clean=job.slurm_clean, timeout_s=job.slurm_timeout,
     )
 
 
-def _run_as_job_user(hook: str, settings: JobSettings) -> None:
+def _run_as_job_user(hook: str, settings: SlurmJob) -> None:
     """Run ``coordinator slurm <hook>`` again as the job's user, bounded by the timeout."""
     cmd = [sys.executable, "-m", "coordinator.cli", "slurm", hook]
     drop = {"user": settings.uid, "group": settings.gid, "extra_groups": []} if os.getuid() == 0 else {}
@@ -216,7 +207,7 @@ def _run_as_job_user(hook: str, settings: JobSettings) -> None:
 
 
 def _as_job_user(environ: dict[str, str]) -> bool:
-    return environ.get("COORDINATOR_SLURM_AS_USER") == "1"
+    return JobSettings.resolve(environ, names=("slurm_as_user",)).slurm_as_user
 
 
 def prolog(environ: dict[str, str] | None = None) -> int:
@@ -225,8 +216,8 @@ def prolog(environ: dict[str, str] | None = None) -> int:
     try:
         settings = job_settings(environ)
         if not settings.restore_url:
-            log.warning("coordinator slurm prolog: job %s: no COORDINATOR_RESTORE_BUNDLE; nothing to restore",
-                        settings.job_id)
+            log.warning("coordinator slurm prolog: job %s: no %s; nothing to restore",
+                        settings.job_id, variable("restore_bundle"))
         elif _as_job_user(environ):
             _restore(settings)
         else:
@@ -252,7 +243,7 @@ def epilog(environ: dict[str, str] | None = None) -> int:
     return 0
 
 
-def _restore(settings: JobSettings) -> None:
+def _restore(settings: SlurmJob) -> None:
     os.makedirs(settings.cache_dir, mode=0o700, exist_ok=True)
     from coordinator.bundles import load_bundle
 
@@ -268,9 +259,9 @@ def _restore(settings: JobSettings) -> None:
     print(f"restored bundle {settings.bundle_name!r} into {settings.cache_dir}: {result}")
 
 
-def _push_and_clean(settings: JobSettings) -> None:
+def _push_and_clean(settings: SlurmJob) -> None:
     if settings.push_url and os.path.isdir(os.path.join(settings.cache_dir, OUTBOX)):
-        from coordinator.bundles import copy_bundles
+        from coordinator.bundles.transfer import copy_bundles
 
         try:
             pushed = copy_bundles(settings.outbox_url, settings.push_url, secret=settings.secret)

@@ -4,9 +4,10 @@ A library never configures logging for its user, and ``compile_once`` called fro
 training script logs through ``logging.getLogger("coordinator...")`` only. Under
 ``coordinator-run`` the script may never have configured logging at all, and the user
 asked for the coordinator: then a worker shows the ``coordinator`` logger's lines (the
-per-rank summary at exit, who a rank waits for) at ``COORDINATOR_LOG_LEVEL`` (default
-``INFO``; the launcher's ``--coordinator-log-level``). Only the ``coordinator`` logger
-is touched, never the root logger. Its handler writes to stderr only while the root
+per-rank summary at exit, who a rank waits for) at the job's ``log_level`` setting
+(``coordinator.settings.JobSettings``; default ``INFO``; the launcher's
+``--coordinator-log-level``). Only the ``coordinator`` logger is touched, never the root
+logger. Its handler writes to stderr only while the root
 logger has no handlers: once the script configures logging, records reach the script's
 handlers instead, and nothing is printed twice.
 """
@@ -16,24 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-
-from coordinator.errors import ConfigError
-from coordinator.settings import given
-
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-DEFAULT_LEVEL = "INFO"
-
-
-def parse_level(raw: str | None, source: str = "COORDINATOR_LOG_LEVEL") -> int:
-    """``COORDINATOR_LOG_LEVEL``'s value as a logging level (unset: ``INFO``).
-
-    Raises:
-        ConfigError: not one of ``LEVELS``, naming ``source`` (where the value came from).
-    """
-    name = (raw or DEFAULT_LEVEL).strip().upper()
-    if name not in LEVELS:
-        raise ConfigError(f"{given(source, raw or '')}: expected one of {', '.join(LEVELS)}")
-    return getattr(logging, name)
 
 
 class _UnlessConfigured(logging.StreamHandler):

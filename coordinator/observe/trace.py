@@ -3,7 +3,7 @@
 Every event a session emits is counted: its :class:`~coordinator.observe.stats.Stats` reads the
 same events (``Stats.count``) that ``coordinator report`` reads back from the trace, so the
 rank's summary and the report count the same things the same way. Writing them is off by
-default. A session writes events when its ``trace_dir`` is set (``COORDINATOR_TRACE``,
+default. A session writes events when its ``trace_dir`` setting is set (its variable,
 ``coordinator-run --coordinator-trace DIR``) or torch's structured trace is on
 (``TORCH_TRACE``); otherwise they are only counted. Parts used alone (a ``Singleflight``
 in a test) hold :data:`NO_EVENTS`, whose methods do nothing.

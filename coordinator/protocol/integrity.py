@@ -48,29 +48,31 @@ def seal(key: str, payload: bytes, *, meta: dict | None = None, files: dict[str,
     return msgpack.packb([MAGIC, body, digest, mac], use_bin_type=True)
 
 
-def open_sealed(key: str, blob: bytes, *, secret: bytes | None = None) -> Sealed:
-    """Verify ``blob`` and return its contents.
+def open_sealed(key: str, blob: bytes, *, secret: bytes | None = None, what: str = "value") -> Sealed:
+    """Verify ``blob`` and return its contents. ``what`` names the sealed thing in errors
+    (``"bundle"``: "not a coordinator bundle", "bundle is unsigned ...").
 
     Raises:
         IntegrityError: bad format, checksum mismatch, missing or wrong signature
             (when ``secret`` is set), or the value was sealed for another key.
     """
+    envelope = "envelope" if what == "value" else what
     try:
         outer = msgpack.unpackb(blob, raw=False, use_list=True)
     except Exception as exc:  # truncated or not msgpack at all
-        raise IntegrityError(f"not a coordinator envelope ({type(exc).__name__}: {exc})") from None
+        raise IntegrityError(f"not a coordinator {envelope} ({type(exc).__name__}: {exc})") from None
     if not (isinstance(outer, list) and len(outer) == 4 and outer[0] == MAGIC):
-        raise IntegrityError("not a coordinator envelope (bad magic or layout)")
+        raise IntegrityError(f"not a coordinator {envelope} (bad magic or layout)")
     _, body, digest, mac = outer
     if not isinstance(body, bytes) or hashlib.sha256(body).digest() != digest:
-        raise IntegrityError("checksum mismatch: the value was corrupted or truncated")
+        raise IntegrityError(f"checksum mismatch: the {what} was corrupted or truncated")
     if secret:
         if mac is None:
-            raise IntegrityError("value is unsigned but a secret is configured")
+            raise IntegrityError(f"{what} is unsigned but a secret is configured")
         expected = hmac.new(secret, body, hashlib.sha256).digest()
         if not hmac.compare_digest(expected, mac):
-            raise IntegrityError("HMAC signature mismatch: wrong secret or forged value")
+            raise IntegrityError(f"HMAC signature mismatch: wrong secret or forged {what}")
     fields = msgpack.unpackb(body, raw=False)
     if fields.get("key") != key:
-        raise IntegrityError(f"value was sealed for key {fields.get('key')!r}, not {key!r}")
+        raise IntegrityError(f"{what} was sealed for key {fields.get('key')!r}, not {key!r}")
     return Sealed(fields["payload"], fields["meta"], fields["files"], signed=mac is not None)

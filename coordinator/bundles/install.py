@@ -1,0 +1,64 @@
+"""A verified bundle into this node's caches: kernels into the Inductor cache dir, the
+Mega-Cache into torch, once per node however many ranks ask."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+from coordinator import _compat
+from coordinator.bundles.format import Bundle
+from coordinator.bundles.keys import bundle_key
+from coordinator.bundles.transfer import fetch_bundle
+from coordinator.features.artifacts import AUTOTUNE_SUFFIXES, emit_kernels
+from coordinator.protocol.node import file_lock
+from coordinator.settings import Config
+
+
+def install_bundle(bundle: Bundle) -> dict:
+    """Write a verified bundle into the local caches (temp file + rename, existing files
+    left alone; the Mega-Cache bytes to ``torch.compiler.load_cache_artifacts``); extend
+    NCCL timeouts.
+
+    Returns:
+        ``{"files_written", "megacache_bytes", "compile_time_s", "timeout_extension_s"}``.
+    """
+    import torch
+
+    cache_dir = _compat.inductor_cache_dir()
+    written = emit_kernels(cache_dir, bundle.kernels)
+    written += emit_kernels(cache_dir, bundle.autotune, AUTOTUNE_SUFFIXES)
+    if bundle.megacache:
+        torch.compiler.load_cache_artifacts(bundle.megacache)
+    extension = _compat.extend_nccl_timeouts(bundle.compile_time_s)
+    return {
+        "files_written": written,
+        "megacache_bytes": len(bundle.megacache),
+        "compile_time_s": bundle.compile_time_s,
+        "timeout_extension_s": extension,
+    }
+
+
+def load_bundle(url: str, *, name: str = "default", secret: str | bytes | None = None,
+                config: Config | None = None) -> dict:
+    """Fetch, verify and install bundle ``name``, once per node.
+
+    The first process on a node to get the node-local lock (in the Inductor cache dir)
+    fetches and installs; the others wait on the lock and find the bundle installed.
+    ``config`` gives the secret and namespace (see :mod:`coordinator.bundles.keys`).
+
+    Returns:
+        ``{"fetched": bool, ...}`` with :func:`install_bundle`'s figures when fetched.
+    """
+    cache_dir = _compat.inductor_cache_dir()
+    job = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or ""
+    tag = hashlib.sha256(f"{url}\0{bundle_key(name, secret=secret, config=config)}\0{job}".encode()).hexdigest()[:16]
+    marker = os.path.join(cache_dir, f".coordinator-bundle-{tag}.done")
+    with file_lock(os.path.join(cache_dir, ".coordinator-bundle.lock"), None):
+        if os.path.exists(marker):
+            return {"fetched": False}
+        result = install_bundle(fetch_bundle(url, name=name, secret=secret, config=config))
+        with open(marker, "w") as f:
+            f.write(str(time.time()))
+        return {"fetched": True, **result}

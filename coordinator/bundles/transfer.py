@@ -1,0 +1,97 @@
+"""Bundles in stores: save one, fetch one, publish every bundle of one store to another."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from coordinator.bundles.format import Bundle, KernelRecord, pack_bundle, read_bundle
+from coordinator.bundles.keys import OUTBOX, bundle_key, bundle_settings, bundle_url, session_parts
+from coordinator.errors import ConfigError, EnvironmentMismatch, IntegrityError
+from coordinator.protocol.fingerprint import fingerprint, secret_fingerprint
+from coordinator.settings import Config
+
+__all__ = ["OUTBOX", "copy_bundles", "fetch_bundle", "save_bundle"]
+
+log = logging.getLogger(__name__)
+
+
+def save_bundle(
+    url: str, *, name: str = "default", secret: str | bytes | None = None, ttl: timedelta | None = None,
+    max_bytes: int | None = None, blob: bytes | None = None, config: Config | None = None,
+    kernels: KernelRecord | None = None,
+) -> int:
+    """Persist this process's bundle (or ``blob``) under ``name`` in a store (``url``, or
+    ``outbox``: this node's outbox, see :func:`~coordinator.bundles.keys.bundle_url`).
+
+    ``config`` gives the secret and namespace and ``kernels`` the kernels to carry (a
+    session's; neither given: the session :mod:`coordinator.bundles.keys` finds).
+    Readers never see a half-written bundle (the store publishes atomically). ``ttl``
+    expires it in Redis; ``max_bytes`` refuses larger bundles.
+
+    Returns:
+        The bundle's size in bytes.
+    """
+    from coordinator.protocol.stores import open_store
+
+    config, kernels = session_parts(config, kernels)
+    if blob is None:
+        blob = pack_bundle(secret=bundle_settings(secret, config=config)[0], kernels=kernels)
+    if max_bytes is not None and len(blob) > max_bytes:
+        raise ConfigError(f"max_bytes={max_bytes}: the bundle is {len(blob)} bytes, over this limit")
+    store = open_store(bundle_url(url))
+    store.set(bundle_key(name, secret=secret, config=config), blob, ttl=ttl)
+    log.info("saved a %.1f MB bundle as %s in %s", len(blob) / 1e6, name, store.name)
+    return len(blob)
+
+
+def fetch_bundle(url: str, *, name: str = "default", secret: str | bytes | None = None,
+                 config: Config | None = None) -> Bundle:
+    """Read and verify bundle ``name`` from a store; nothing is written.
+
+    Raises:
+        FileNotFoundError: there is no such bundle for this environment.
+    """
+    from coordinator.protocol.stores import open_store
+
+    store = open_store(url)
+    blob = store.get(bundle_key(name, secret=secret, config=config))
+    if blob is None:
+        raise FileNotFoundError(f"no bundle {name!r} for environment {fingerprint()} in {store.name}")
+    return read_bundle(blob, secret=bundle_settings(secret, config=config)[0])
+
+
+def copy_bundles(src_url: str, dst_url: str, *, secret: str | bytes | None = None, move: bool = True,
+                 config: Config | None = None) -> list[str]:
+    """Publish every bundle of store ``src_url`` to ``dst_url`` under the same key.
+
+    Each is verified first (checksums, signature, and that its environment is the one
+    its key names); one that fails is left out with a warning. With ``move`` the
+    source copy is deleted once published.
+
+    Returns:
+        The keys published.
+    """
+    from coordinator.protocol.stores import open_store
+
+    src, dst = open_store(src_url), open_store(dst_url)
+    published = []
+    for key in src.list_keys("bundles/"):
+        blob = src.get(key)
+        if blob is None:
+            continue
+        try:
+            verify_with = bundle_settings(secret, config=config)[0]
+            bundle = read_bundle(blob, secret=verify_with, check_environment=False)
+            if key.split("/")[1] != fingerprint(bundle.header["environment"]):
+                raise EnvironmentMismatch(f"its environment is not the one its key {key} names")
+            if verify_with and key.split("/")[2] != secret_fingerprint(verify_with):
+                raise IntegrityError(f"its key {key} names another secret than the one it was verified with")
+        except IntegrityError as exc:
+            log.warning("not publishing %s from %s: %s", key, src.name, exc)
+            continue
+        dst.set(key, blob)
+        published.append(key)
+        if move:
+            src.delete(key)
+    return published
