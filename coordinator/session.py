@@ -37,6 +37,7 @@ from coordinator.observe.trace import open_events, short_key
 from coordinator.protocol.fingerprint import key_prefix, warn_if_device_indices_differ
 from coordinator.protocol.integrity import Sealed, open_sealed, seal
 from coordinator.protocol.node import NodeCache
+from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.singleflight import LookupResult, Owner, Singleflight
 from coordinator.protocol.stores import open_store
 from coordinator.protocol.stores.base import TimedStore
@@ -143,7 +144,7 @@ class Session:
         the others wait for it."""
         record = _compat.CACHE_KINDS[kind]
         claim_lists = [claims for feature in self.features if (claims := feature.claims()) is not None]
-        blocking = record.waits == "always" or any(feature.lets_wait(kind) for feature in self.features)
+        blocking = record.waits == _compat.WaitRule.ALWAYS or any(feature.lets_wait(kind) for feature in self.features)
         if record.inside_aot_entries and _compat.in_aot_entry_load():
             blocking = False  # a miss compiles nothing here: no claim (docs/design.md, rule 1)
         may_wait = not flight.holds_claims() and not any(feature.forbids_waits() for feature in self.features)
@@ -157,9 +158,9 @@ class Session:
         else:
             result = self._node.lookup(flight, key, blocking=blocking, work_first=work_first,
                                        wait_s=self.config.wait_timeout.total_seconds() if may_wait else None)
-        if result.outcome != "node" and result.value is not None:
+        if result.outcome != Outcome.NODE and result.value is not None:
             self.stats.record_store_fetch()
-        if result.outcome == "claimed":
+        if result.outcome == Outcome.CLAIMED:
             self.events.instant("claim", key=short_key(key))
             for claims in claim_lists:
                 claims.append(key)
@@ -202,7 +203,7 @@ class Session:
             result = self._lookup_once(flight, kind, key, rejected)
             sealed = self._verified(kind, key, result.value) if result.value is not None else None
             if result.value is not None and sealed is None:
-                result = dataclasses.replace(result, value=None, outcome="rejected")
+                result = dataclasses.replace(result, value=None, outcome=Outcome.REJECTED)
         for feature in self.features:
             feature.asked(kind, inductor_key)
         if sealed is None:
@@ -212,7 +213,7 @@ class Session:
         if not all(feature.accepts(kind, key, sealed.meta) for feature in self.features):
             self._missed(kind, key, inductor_key)
             return None
-        self._received(kind, key, sealed, len(result.value), from_node=result.outcome == "node", began=began)
+        self._received(kind, key, sealed, len(result.value), from_node=result.outcome == Outcome.NODE, began=began)
         return sealed.payload
 
     def _lookup_once(self, flight: Singleflight, kind: str, key: str, rejected: bytes | None = None) -> LookupResult:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from coordinator.errors import ConfigError
 
@@ -307,9 +308,8 @@ class Config:
         elif self.store is not None:
             import torch.distributed as dist
 
-            from coordinator.protocol.stores import Store
-
-            if not isinstance(self.store, (Store, dist.Store)):
+            # A coordinator.Store is known by its atomic add (the stores' layer sits above this one).
+            if not (isinstance(self.store, dist.Store) or callable(getattr(self.store, "add_if_absent", None))):
                 raise self._invalid("store", f"cannot use {type(self.store).__name__} as a store; give a URL, "
                                              "a torch.distributed.Store or a coordinator.Store")
 
@@ -455,16 +455,30 @@ def take_enable_switch(environ: dict[str, str] | None = None) -> bool:
     return True
 
 
+#: The URL schemes a store can be named by (``coordinator.protocol.stores`` opens each).
+STORE_SCHEMES = ("file", "redis", "rediss")
+
+
 def check_store_url(url: str) -> None:
     """The one check of a store URL, for settings and ``open_store`` alike; it reaches no
-    server (the stores name the schemes, ``coordinator.protocol.stores``).
+    server. Whether the store is up is found out at first use, where an unreachable store
+    means compiling locally; a URL that can never work is a configuration error.
 
     Raises:
         ConfigError: ``url`` cannot name a store.
     """
-    from coordinator.protocol.stores import check_store_url as check
-
-    check(url)
+    if "://" not in url:
+        raise ConfigError(
+            f"store {url!r} is not a URL; use redis://host:port/db, rediss://..., "
+            "file:///path, or leave it unset for the job's torch.distributed store"
+        )
+    parsed = urlparse(url)
+    if parsed.scheme not in STORE_SCHEMES:
+        raise ConfigError(f"unknown store URL scheme {parsed.scheme!r} in {url!r}; allowed: {sorted(STORE_SCHEMES)}")
+    if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
+        raise ConfigError(f"file store URL {url!r} names a host; use file:///absolute/path")
+    if parsed.scheme == "file" and not parsed.path:
+        raise ConfigError(f"file store URL {url!r} names no directory; use file:///absolute/path")
 
 
 def check_bundle_name(name: str) -> None:

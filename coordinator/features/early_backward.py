@@ -39,6 +39,7 @@ from typing import Any
 from coordinator import _compat
 from coordinator.features.base import Context, Feature
 from coordinator.protocol.node import DeviceLock
+from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.singleflight import LookupResult, Singleflight
 
 #: The kind whose waits an early compile fills, and whose lookups it makes.
@@ -99,7 +100,7 @@ class EarlyBackwards(Feature):
                   rejected: bytes | None) -> LookupResult:
         """An early compile goes on only for a graph it claimed; one that a rank has, or
         is compiling, is loaded when the backward pass needs it."""
-        if kind == KIND and self.claims() is not None and result.outcome != "claimed":
+        if kind == KIND and self.claims() is not None and result.outcome != Outcome.CLAIMED:
             raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
         return result
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from coordinator.features.base import Context, Feature
 from coordinator.observe.trace import short_key
+from coordinator.protocol.outcome import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class LocalHits(Feature):
         key = context.store_key(KIND, inductor_key)
         context.events.instant("local hit", key=short_key(key))
         result = flight.offer(key)
-        if result.outcome != "claimed":
+        if result.outcome != Outcome.CLAIMED:
             if result.waited_s >= 1.0:
                 log.info("compile_once: FX graph %s is in this rank's local cache, but another rank was compiling "
                          "it; waited %.1fs on the store for it (%s), not in a collective",

@@ -59,6 +59,7 @@ from typing import Any
 from coordinator import _compat
 from coordinator.features.base import Context, Feature
 from coordinator.observe.trace import short_key
+from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.singleflight import LookupResult, Singleflight
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ class SplitShares(Feature):
                   rejected: bytes | None) -> LookupResult:
         if result.value is not None:
             return result
-        if kind == "fx_graph" and result.outcome != "claimed" and self.compiling():
+        if kind == "fx_graph" and result.outcome != Outcome.CLAIMED and self.compiling():
             # A share waits on nothing: a graph another rank is compiling leaves this
             # submodule to the chain.
             raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
@@ -244,7 +245,7 @@ class SplitShares(Feature):
         claimed = []
         with flight.no_waits():
             for slot, index in zip(slots, indices, strict=True):
-                if flight.lookup(slot, blocking=True).outcome == "claimed":
+                if flight.lookup(slot, blocking=True).outcome == Outcome.CLAIMED:
                     claimed.append(index)
                 else:
                     self.counts.skipped += 1

@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlparse
 
 from coordinator.errors import ConfigError, StoreError
 from coordinator.protocol.stores.base import Store
+from coordinator.settings import STORE_SCHEMES, check_store_url
 
 __all__ = ["Store", "check_store_url", "open_store"]
 
@@ -29,27 +30,10 @@ def _open_file(url: str, chunk_bytes: int) -> Store:
     return FileStore(unquote(urlparse(url).path))
 
 
+#: How each URL scheme of ``settings.STORE_SCHEMES`` is opened.
 _URL_SCHEMES = {"redis": _open_redis, "rediss": _open_redis, "file": _open_file}
+assert sorted(_URL_SCHEMES) == sorted(STORE_SCHEMES)
 
-
-def check_store_url(url: str) -> None:
-    """Raise :class:`ConfigError` if ``url`` cannot name a store; reaches no server.
-
-    Whether the store is up is found out at first use, where an unreachable store means
-    compiling locally; a URL that can never work is a configuration error.
-    """
-    if "://" not in url:
-        raise ConfigError(
-            f"store {url!r} is not a URL; use redis://host:port/db, rediss://..., "
-            "file:///path, or leave it unset for the job's torch.distributed store"
-        )
-    parsed = urlparse(url)
-    if parsed.scheme not in _URL_SCHEMES:
-        raise ConfigError(f"unknown store URL scheme {parsed.scheme!r} in {url!r}; allowed: {sorted(_URL_SCHEMES)}")
-    if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
-        raise ConfigError(f"file store URL {url!r} names a host; use file:///absolute/path")
-    if parsed.scheme == "file" and not parsed.path:
-        raise ConfigError(f"file store URL {url!r} names no directory; use file:///absolute/path")
 
 
 def open_store(spec: Any = None, *, chunk_bytes: int = 64 * 1024 * 1024) -> Store:
