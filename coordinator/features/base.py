@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -33,6 +34,21 @@ if TYPE_CHECKING:
     from coordinator.protocol.integrity import Sealed
     from coordinator.protocol.singleflight import LookupResult, Singleflight
     from coordinator.settings import Config
+
+
+log = logging.getLogger(__name__)
+
+
+def supported(switch: bool, unsupported: Callable[[], str | None], off_because: str) -> bool:
+    """Whether a feature switched on by its setting runs on this torch; ``unsupported()``
+    gives why not, logged once at INFO as ``off_because: why``."""
+    if not switch:
+        return False
+    reason = unsupported()
+    if reason is not None:
+        log.info("compile_once: %s: %s", off_because, reason)
+        return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,7 +42,7 @@ from typing import Any
 
 from coordinator import _compat
 from coordinator.errors import IntegrityError, StoreError
-from coordinator.features.base import Context, Feature
+from coordinator.features.base import Context, Feature, supported
 from coordinator.features.rank_dependence import RankDependence
 from coordinator.observe.trace import short_key
 from coordinator.protocol.integrity import open_sealed
@@ -83,13 +83,8 @@ class PrecompiledFunctions(Feature):
         self._told_rank_read = False
 
     def enabled(self, routed: frozenset[str]) -> bool:
-        if not self.context.config.precompile:
-            return False
-        reason = _compat.precompile_unsupported()
-        if reason is not None:
-            log.info("compile_once: precompiled functions are off: %s", reason)
-            return False
-        return True
+        return supported(self.context.config.precompile, _compat.precompile_unsupported,
+                         "precompiled functions are off")
 
     def hooks(self, routed: frozenset[str]) -> Iterable:
         return (_compat.precompiled_functions(self.load, self.recorded, self.on_install),)

@@ -10,13 +10,10 @@ in the session's stats (``Stats.record_split_graph``).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 
 from coordinator import _compat
-from coordinator.features.base import Feature
-
-log = logging.getLogger(__name__)
+from coordinator.features.base import Feature, supported
 
 
 class SplitGraphs(Feature):
@@ -25,13 +22,8 @@ class SplitGraphs(Feature):
     name = "split_graphs"
 
     def enabled(self, routed: frozenset[str]) -> bool:
-        if not self.context.config.cache_ddp_graphs:
-            return False
-        reason = _compat.split_graphs_unsupported()
-        if reason is not None:
-            log.info("compile_once: DDP's split graphs are not served from AOTAutograd's cache: %s", reason)
-            return False
-        return True
+        return supported(self.context.config.cache_ddp_graphs, _compat.split_graphs_unsupported,
+                         "DDP's split graphs are not served from AOTAutograd's cache")
 
     def hooks(self, routed: frozenset[str]) -> Iterable:
         stats = self.context.stats
