@@ -37,14 +37,16 @@ WITH_PROBES = {"TORCHINDUCTOR_VEC_ISA_OK": ""}
 
 def machine_env(tmpdir: Path) -> dict[str, str]:
     """The environment of a test process with ``TMPDIR=tmpdir``: its precompiled-header dir
-    points at the one all the tests' processes share, and the ISA probes are skipped."""
+    points at the one all the tests' processes share, the ISA probes are skipped, and a
+    process killed by a fatal signal prints every thread's Python stack (``faulthandler``)
+    into the output a failing test shows."""
     user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
     link = tmpdir / f"torchinductor_{user}" / "precompiled_headers"
     SHARED_PRECOMPILED_HEADERS.mkdir(exist_ok=True)
     link.parent.mkdir(parents=True, exist_ok=True)
     if not link.exists():
         link.symlink_to(SHARED_PRECOMPILED_HEADERS, target_is_directory=True)
-    return {"TMPDIR": str(tmpdir), **SKIP_ISA_PROBES}
+    return {"TMPDIR": str(tmpdir), "PYTHONFAULTHANDLER": "1", **SKIP_ISA_PROBES}
 
 
 class RedisServer:
