@@ -7,7 +7,7 @@ the kernels that travel with entries (``coordinator.features.artifacts``). What 
 cache kind is in the kind's record (``_compat.CACHE_KINDS``); what a compile feature adds
 (``coordinator.features``) it adds through the fixed points of a lookup that
 :class:`~coordinator.features.base.Feature` names, given a
-:class:`~coordinator.features.base.Context` of this session. The session names neither.
+:class:`~coordinator.features.base.Context` of its ``Session``, which names neither.
 
 It opens its store lazily, at the first cache access: the training script usually enters
 ``compile_once`` before or right after ``init_process_group``, and the default store
@@ -79,19 +79,19 @@ class Session:
         self._prefix = ""
         self._node: NodeCache | None = None
         self.kernels = ShippedKernels(_compat.inductor_cache_dir, _compat.triton_cache_dir, _cuda)
-        #: The cache kinds routed through this session.
+        #: The cache kinds this ``Session`` routes.
         self.routed = frozenset(_compat.routable_kinds(config.caches))
         context = Context(config=config, events=self.events, stats=self.stats, kernels=self.kernels,
                           flight=self.flight, store_key=self.store_key, lookup=self._lookup, publish=self.publish,
                           verify=self._verified, feature=self.feature)
         built = [feature(context) for feature in feature_registry.FEATURES]
-        #: The compile features on in this session, in the registry's order.
+        #: The compile features this ``Session`` runs, in the registry's order.
         self.features: list[Feature] = [feature for feature in built if feature.enabled(self.routed)]
         self.stats.features = {feature.name: feature.counts if feature in self.features else None
                                for feature in built if feature.counts is not None}
 
     def feature(self, cls: type[_F]) -> _F | None:
-        """This session's instance of feature ``cls``, if it is on."""
+        """The instance of feature ``cls``, if it is on."""
         return next((feature for feature in self.features if isinstance(feature, cls)), None)
 
     # -- store -------------------------------------------------------------------------

@@ -73,7 +73,7 @@ class Context:
     #: ``verify(kind, key, value)``: the sealed value opened and verified, or ``None``
     #: (logged, and recorded as a rejection).
     verify: Callable[[str, str, bytes], Sealed | None]
-    #: ``feature(cls)``: this session's instance of another feature (``None`` if not listed).
+    #: ``feature(cls)``: the ``Session``'s instance of another feature (``None`` if not listed).
     feature: Callable[[type[Feature]], Feature | None]
 
 
@@ -89,7 +89,7 @@ class Feature:
         self.counts: Any = None
 
     def enabled(self, routed: frozenset[str]) -> bool:
-        """Whether it runs in this session, given the routed cache kinds (from its
+        """Whether it runs in its ``Session``, given the routed cache kinds (from its
         settings, and whether this torch supports it)."""
         return True
 
