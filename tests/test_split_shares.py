@@ -73,6 +73,28 @@ def test_the_ranks_compile_a_share_each_and_train_as_stock_does(job, tmp_path):
         assert r.report["split_graphs"]["shape_envs"] == cold.report["split_graphs"]["shape_envs"]
 
 
+def test_a_recompile_shares_every_graph_as_on_a_gpu_with_torch_2_11(job, tmp_path):
+    # What a GPU job on torch 2.11 shows the frames: the recompile's symbolic batch size
+    # reaches DDPOptimizer as a plain int, from which the first bucket makes a table that
+    # every later bucket reads; and a backward compiled at once tags the forward outputs
+    # DDPOptimizer hands on. Every share of both frames is still the chain's.
+    options = {**OPTIONS, "model": "positions", "tag_static_inputs": True, "int_sizes": True}
+    stock = job(1, {**options, "coordinator": False}, name="stock")
+    require_success(stock)
+    ours = job(2, {**options, "store": f"file://{tmp_path / 'store'}"}, name="ours")
+    require_success(ours)
+    graphs = split_graphs(ours[0])
+    frames = ours[0].report["split_graphs"]["frames"]
+    assert len(frames) == 2 and graphs >= 8, frames
+    assert sum(shares(r)["compiled"] for r in ours) == graphs, [shares(r) for r in ours]
+    assert all(split(r)["served"] == graphs and shares(r)["missed"] == 0 for r in ours), \
+        [(split(r), shares(r)) for r in ours]
+    assert sum(r.fx_misses for r in ours) == 2 * graphs
+    for mine in ours:
+        assert mine.report["split_graphs"]["submod_inputs"] == stock[0].report["split_graphs"]["submod_inputs"]
+        assert mine.report["losses"] == stock[0].report["losses"]
+
+
 def test_an_input_the_propagation_gets_wrong_is_a_miss_compiled_in_the_chain(job, tmp_path):
     # Without keep_output_stride, Inductor gives the convolutions' outputs channels-last
     # strides that eager would not: the inputs propagated to the next buckets differ from

@@ -18,13 +18,18 @@ Options:
         BatchNorm and a linear head, split the same way) | "fused_qkv" (attention layers
         whose q, k and v are parts of one fused projection, split the same way; in each
         layer one part reaches the attention unchanged, a strided slice of the fused
-        buffer that the forward saves for the backward)
+        buffer that the forward saves for the backward) | "positions" ("fused_qkv" with a
+        table of the batch's positions, made by ``arange`` of the batch size before the first
+        layer and added in each layer, as a rotary embedding's tables are: with a dynamic batch
+        it is computed from the frame's symbolic size and crosses every bucket)
     shapes: the batch size of each step (default 8 for every step); a new size recompiles
         (with a dynamic batch dimension)
     tag_static_inputs: tag each graph's static inputs ``_is_inductor_static`` as Inductor
         does on a GPU before it looks the graph up (its cache keys then read their storage
         offset and size), so that CPU runs see what GPU runs see: a backward compiled
         eagerly (it saves symbolic sizes) tags forward outputs DDPOptimizer hands on
+    int_sizes: hand DDPOptimizer a frame's symbolic sizes as plain ints (their hints), as
+        Dynamo does on torch 2.11 (AOTAutograd maps each back to its symbol)
     record_split: report what DDPOptimizer handed each submodule's compile (the fake
         inputs' sizes, strides, offsets, dtypes, storage sizes, attributes) and, per frame, which
         buckets hit AOTAutograd's cache, which bucket each lazily compiled backward
@@ -278,10 +283,26 @@ class FusedQKV(torch.nn.Module):
         return self.head(self.layers(self.embed(x.view(x.shape[0], 4, 128))))
 
 
+class Positions(FusedQKV):
+    """``FusedQKV`` with a table of the batch's positions that scales each layer's input,
+    as a rotary embedding's tables do: made in the first bucket, saved there for the
+    backward (a product's gradient reads it), and handed to every later bucket."""
+
+    def forward(self, x):
+        batch = x.shape[0]
+        table = 1 + torch.arange(batch, dtype=x.dtype).view(batch, 1, 1) * 0.01
+        h = self.embed(x.view(batch, 4, 128))
+        for layer in self.layers:
+            h = layer(h * table)
+        return self.head(h)
+
+
 def make_model(kind: str, rank: int) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "fused_qkv":
         return FusedQKV()
+    if kind == "positions":
+        return Positions()
     if kind == "split_mlp":
         # A bucket ends in tanh, whose backward reads its output: the output DDPOptimizer
         # hands on is also one the backward takes.
@@ -390,6 +411,25 @@ def record_split_graphs() -> dict:
     return record
 
 
+def int_sizes() -> None:
+    """Option ``int_sizes``: DDPOptimizer gets a frame's symbolic sizes as ints, each found
+    again by its value (duck sizing) when AOTAutograd makes it symbolic, as on torch 2.11."""
+    from torch._dynamo.backends.distributed import DDPOptimizer
+
+    compile_fn = DDPOptimizer.compile_fn
+
+    def compile_with_ints(self, gm, example_inputs):
+        ints = []
+        for x in example_inputs:
+            if isinstance(x, torch.SymInt):
+                x.node.shape_env.val_to_var.setdefault(int(x.node.hint), x.node.expr)
+                x = int(x.node.hint)
+            ints.append(x)
+        return compile_fn(self, gm, ints)
+
+    DDPOptimizer.compile_fn = compile_with_ints
+
+
 def tag_static_inputs() -> None:
     """Option ``tag_static_inputs``: Inductor's GPU-only tagging of static inputs, on any device."""
     import torch._inductor.compile_fx as compile_fx
@@ -464,12 +504,15 @@ def main() -> None:
     split_record = record_split_graphs() if options.get("record_split") else None
     if options.get("tag_static_inputs"):
         tag_static_inputs()
+    if options.get("int_sizes"):
+        int_sizes()
     torch.manual_seed(1)
     shapes = options.get("shapes") or [8] * options.get("steps", 2)
     if kind == "conv":
         batches = [torch.randn(n, 3, 8, 8) for n in shapes]
     else:
-        batches = [torch.randn(n, 512 if kind in ("repeated", "split_mlp", "fused_qkv") else 16) for n in shapes]
+        batches = [torch.randn(n, 512 if kind in ("repeated", "split_mlp", "fused_qkv", "positions") else 16)
+                   for n in shapes]
     batches = [x.to(dtype) for x in batches]
     losses, ref_losses, step_times, grad_norms = [], [], [], []
     # An optimizer step that changes nothing (lr 0): marks each step in a coordinator trace.

@@ -95,24 +95,42 @@ class SplitFrame:
 
     def inputs(self, index: int) -> list[Any]:
         """Submodule ``index``'s fake inputs, derived by running the submodules before it
-        uncompiled on fake tensors (as DDPOptimizer runs a submodule it did not compile)."""
+        uncompiled on fake tensors (as DDPOptimizer runs a submodule it did not compile).
+
+        The chain hands a submodule the frame's inputs as Dynamo passed them (a size that
+        Dynamo made symbolic may come as a plain int, as on torch 2.11), and the earlier
+        submodules' outputs as AOTAutograd traced them, in the frame's symbols. So the
+        propagation runs on the symbols Dynamo traced (a placeholder's ``example_value``),
+        and a submodule is handed each frame input as the chain hands it."""
         from torch._dynamo.utils import deepcopy_to_fake_tensor, to_fake_tensor
 
         torch, fake_mode = self._torch, self._fake_mode
         if self._env is None:
             self._env, self._pending = {}, iter(self._compiler.module.graph.nodes)
             self._placeholders = iter(self._inputs)
+            self._as_passed: dict[Any, Any] = {}
+
+        def fake(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch._subclasses.FakeTensor):
+                return to_fake_tensor(value, fake_mode)
+            return value
+
         while len(self._propagated) <= index:
             node = next(self._pending)
-            args = [self._env[a] if isinstance(a, torch.fx.Node) else a for a in node.args]
             if node.op == "placeholder":
-                self._env[node] = next(self._placeholders)
+                passed = next(self._placeholders)
+                traced = node.meta.get("example_value")
+                symbolic = isinstance(passed, int) and isinstance(traced, torch.SymInt)
+                self._env[node] = traced if symbolic else passed
+                self._as_passed[node] = passed
             elif node.op == "call_function":  # getitem of a submodule's outputs
-                self._env[node] = node.target(*args)
+                self._env[node] = node.target(*[self._env[a] if isinstance(a, torch.fx.Node) else a
+                                                for a in node.args])
             elif node.op == "call_module":
-                args = [to_fake_tensor(a, fake_mode) if isinstance(a, torch.Tensor)
-                        and not isinstance(a, torch._subclasses.FakeTensor) else a for a in args]
-                self._propagated.append(args)
+                args = [fake(self._env[a]) if isinstance(a, torch.fx.Node) else a for a in node.args]
+                self._propagated.append([fake(self._as_passed[a]) if isinstance(a, torch.fx.Node)
+                                         and a in self._as_passed else value
+                                         for a, value in zip(node.args, args, strict=True)])
                 with self._no_trace(), fake_mode, mock.patch.object(fake_mode, "allow_non_fake_inputs", True):
                     module = deepcopy_to_fake_tensor(self.fetch(node), fake_mode)
                     self._env[node] = module(*args)
@@ -155,6 +173,7 @@ class SplitFrame:
         state = ShapeEnvState(self._fake_mode.shape_env) if self._fake_mode.shape_env is not None else None
         try:
             with tracing(context):
+                untag(args)
                 compiled = _original_compile_submod(SubmodCompiler)(self._compiler, module, list(args), {})
                 fake_mode = self._fake_mode
                 with fake_mode, mock.patch.object(fake_mode, "allow_non_fake_inputs", True):
@@ -168,6 +187,29 @@ class SplitFrame:
             _thread.capture = None
             if state is not None:
                 state.restore()
+
+
+#: What Inductor sets on a GPU graph's static inputs just before it computes the graph's
+#: key (``compile_fx``), and its keys read (``codecache.extract_tensor_metadata_for_cache_key``:
+#: the storage offset and size of a tagged tensor); nothing else reads it.
+_STATIC_TAG = "_is_inductor_static"
+
+
+def untag(args: Any) -> None:
+    """Take Inductor's static-input tag off a split submodule's inputs before its compile.
+
+    A backward compiled at once (symbolic sizes) tags the forward outputs it saves, and
+    DDPOptimizer hands those same fake tensors to the next submodule, whose keys then read
+    the storage size of every such input. Whether an input carries the tag depends on
+    which graphs this process compiled before, not on the graph: a share's propagated
+    inputs never carry it, the chain's do. The tag changes no code (Inductor tags its own
+    static inputs again before computing its key), so the chain and the shares key every
+    submodule on untagged inputs alike."""
+    import torch
+
+    for value in args:
+        if isinstance(value, torch.Tensor) and _STATIC_TAG in vars(value):
+            delattr(value, _STATIC_TAG)
 
 
 def _copy_submodule(original: Any) -> Any:
@@ -297,6 +339,8 @@ def split_frames(before_chain: Callable[[SplitFrame], None]) -> Iterator[None]:
         index = next((i for i, m in enumerate(frame.submodules) if m is input_mod), None) if frame else None
         outer = getattr(_thread, "position", None)
         _thread.position = (frame, index) if index is not None else None
+        if index is not None:
+            untag(args)
         try:
             return original_compile_submod(self, input_mod, args, kwargs)
         finally:
