@@ -41,6 +41,7 @@ from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.singleflight import LookupResult, Owner, Singleflight
 from coordinator.protocol.stores import open_store
 from coordinator.protocol.stores.base import TimedStore
+from coordinator.protocol.writer import BackgroundWriter
 from coordinator.settings import Config
 
 log = logging.getLogger(__name__)
@@ -126,9 +127,11 @@ class Session:
         self._node = NodeCache(_compat.inductor_cache_dir(), self.events)
         self._prefix = key_prefix(self.config.secret, self.config.namespace)
         warn_if_device_indices_differ(store, self._prefix, rank)
+        self.writer = BackgroundWriter("publish", self.config.publish_queue_mb * 2**20)
+        self.stats.writer = self.writer.counts
         return Singleflight(store, owner=Owner.this_process(rank), lease=self.config.lease,
                             wait_timeout=self.config.wait_timeout, progress_interval=self.config.progress_interval,
-                            signalled_waits=self.config.signalled_waits, events=self.events)
+                            signalled_waits=self.config.signalled_waits, events=self.events, writer=self.writer)
 
     def store_key(self, kind: str, inductor_key: str) -> str:
         """The store key of Inductor's ``inductor_key`` of cache ``kind``."""
@@ -269,27 +272,34 @@ class Session:
 
     def publish(self, flight: Singleflight, kind: str, key: str, data: bytes, files: dict[str, bytes],
                 extra_meta: dict | None = None, *, local_copy: bool = False) -> bool:
-        """Seal ``data`` (and ``files``) under ``key``, keep it on this node, publish it.
+        """Seal ``data`` (and ``files``) under ``key``, keep it on this node, publish it:
+        behind the compile (``Singleflight.publish_behind``), in the order entries come.
         ``local_copy``: the value is this rank's local cache entry of a graph (``local_hits``).
 
         Returns:
-            Whether it was published.
+            False if it will not be published (the writer's queue is full).
         """
         match = _TIME_TAKEN.search(data[-256:])
         meta = {"time_taken_ms": int(match.group(1)) if match else 0, "rank": flight.owner.rank,
                 "host": flight.owner.host, **(extra_meta or {})}
         self.kernels.record(kind, files, meta["time_taken_ms"] / 1000.0)
-        blob = seal(key, data, meta=meta, files=files, secret=self.config.secret)
-        try:
-            self._node.write(key, blob)  # local ranks read it from disk, not the store
-        except OSError as exc:
-            log.debug("could not keep %s on this node: %s", key, exc)
-        published = flight.publish(key, blob)
-        if local_copy:
-            self.events.instant("publish", key=short_key(key), bytes=len(blob), ok=published, local_copy=True)
-        else:
-            self.events.instant("publish", key=short_key(key), bytes=len(blob), ok=published)
-        return published
+        node = self._node
+
+        def sealed() -> bytes:
+            blob = seal(key, data, meta=meta, files=files, secret=self.config.secret)
+            try:
+                node.write(key, blob)  # local ranks read it from disk, not the store
+            except OSError as exc:
+                log.debug("could not keep %s on this node: %s", key, exc)
+            return blob
+
+        def published(ok: bool, nbytes: int) -> None:
+            extra = {"local_copy": True} if local_copy else {}
+            self.events.instant("publish", key=short_key(key), bytes=nbytes, ok=ok, **extra)
+
+        nbytes = len(data) + sum(len(content) for content in files.values())
+        return flight.publish_behind(key, sealed, nbytes=nbytes, what=f"{kind} entry {short_key(key)}",
+                                     published=published)
 
     def compile_ended(self) -> None:
         """An outermost compile finished: the features hear of it first; then the claims it
@@ -306,8 +316,10 @@ class Session:
                 log.debug("compile_once: released %d unpublished claims", released)
 
     def close(self) -> None:
+        """Let the entries still being published finish (up to ``wait_timeout``), then
+        release what this ``Session`` holds."""
         if self._flight is not None:
-            self._flight.close()
+            self._flight.close(drain_timeout=self.config.wait_timeout)
         self.events.compiles_ended()
         self.events.close()
 

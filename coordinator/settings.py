@@ -197,6 +197,14 @@ class Config:
         help="largest single Redis value; larger ones are chunked (default 64 MiB)")
     """Largest single value written to Redis; larger values are split into chunks."""
 
+    publish_queue_mb: int = _setting(
+        1024, env="COORDINATOR_PUBLISH_QUEUE_MB", parse=_integer,
+        help="MB of entries a rank may have waiting to be published behind its compile; 0 publishes "
+             "inside the compile (default 1024)")
+    """A rank publishes what it compiled behind its compile, in a thread of its own
+    (``coordinator.protocol.writer``): at most this many MB wait at once; an entry past the
+    bound is not published (other ranks compile it). 0: publish inside the compile."""
+
     ship_cpu_kernels: bool = _setting(
         True, env="COORDINATOR_SHIP_CPU_KERNELS", parse=_flag,
         help="ship compiled C++ kernels with FX graphs (1/0, default 1)")
@@ -278,6 +286,9 @@ class Config:
                 raise self._invalid(name, "must be a positive number of seconds (or a positive timedelta)")
             setattr(self, name, value)
         self._check_caches()
+        if not isinstance(self.publish_queue_mb, int) or isinstance(self.publish_queue_mb, bool) \
+                or self.publish_queue_mb < 0:
+            raise self._invalid("publish_queue_mb", "must be a whole number of MB, 0 or more")
         if not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1024:
             raise self._invalid("chunk_bytes", "must be a whole number of bytes, at least 1024")
         if not isinstance(self.namespace, str) or not re.fullmatch(r"[A-Za-z0-9._-]*", self.namespace):

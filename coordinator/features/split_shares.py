@@ -255,7 +255,7 @@ class SplitShares(Feature):
         """Compile submodule ``index`` of ``frame`` for the job, then end its slot."""
         if flight.lookup(done, blocking=False).value is not None:
             self.counts.skipped += 1  # a job before this one compiled it: in the store
-            flight.publish(slot, b"1")
+            self._mark(flight, slot)
             return
         began = time.time()
         outcome = "failed"
@@ -275,11 +275,17 @@ class SplitShares(Feature):
         setattr(self.counts, outcome, getattr(self.counts, outcome) + 1)
         self._events.span("share", began, key=short_key(slot), index=index, outcome=outcome)
         if outcome == "compiled":
-            flight.publish(done, b"1")
-            flight.publish(slot, b"1")
+            # Behind its entries, which the writer publishes first: a follower woken by
+            # the slot finds them.
+            self._mark(flight, done)
+            self._mark(flight, slot)
             log.debug("compile_once: compiled split graph %d of a frame for the job", index)
         else:
             flight.abandon(slot)
+
+    @staticmethod
+    def _mark(flight: Singleflight, key: str) -> None:
+        flight.publish_behind(key, lambda: b"1", nbytes=1, what=f"split share {short_key(key)}")
 
     # -- the chain ---------------------------------------------------------------------------
 

@@ -94,6 +94,8 @@ class Stats:
         #: dataclass while the feature is on, ``None`` while it is off.
         self.features: dict[str, Any] = {}
         self.split_graphs = SplitGraphCounts()
+        #: The counts of the writer that publishes behind the compile (``coordinator.protocol.writer``).
+        self.writer: Any = None
         self.aot_autograd_hits: Callable[[], int] = lambda: 0
 
     def count(self, event: dict) -> None:
@@ -179,6 +181,7 @@ class Stats:
                 "by_cache": {kind: dataclasses.asdict(c) for kind, c in sorted(self.kinds.items())},
                 "graphs_skipped_aot_autograd": self.aot_autograd_hits(),
                 "ddp_split_graphs": dataclasses.asdict(self.split_graphs),
+                "publish_queue": dataclasses.asdict(self.writer) if self.writer is not None else None,
                 **{name: dataclasses.asdict(counts) if counts is not None else None
                    for name, counts in self.features.items()},
             }
@@ -203,6 +206,7 @@ class Stats:
                 f"{d['timeout_extension_s']:.0f}s; store {d['store_calls']} calls, {d['store_s']:.1f}s, "
                 f"{d['store_fetches']} fetches"
                 + self._aot_summary(d["graphs_skipped_aot_autograd"], d["ddp_split_graphs"])
+                + self._writer_summary(d["publish_queue"])
                 + "".join(f"; {line}" for line in self._feature_lines())
                 + f"; by cache {d['by_cache']}")
 
@@ -212,6 +216,13 @@ class Stats:
             return ""
         return (f"; {skipped} graphs skipped AOTAutograd ({split['served']} of them DDP split graphs; "
                 f"{split['saved']} split graphs saved, {split['bypassed'] + split['refused']} left to AOTAutograd)")
+
+    @staticmethod
+    def _writer_summary(writer: dict | None) -> str:
+        if not writer or not any(writer.values()):
+            return ""
+        return (f"; published behind the compile: {writer['written']} writes (at most {writer['peak_bytes'] / 1e6:.1f} "
+                f"MB waiting), {writer['refused']} refused, {writer['failed']} failed")
 
     def _feature_lines(self) -> list[str]:
         """Each feature's line (its counts' ``summary()``), where it has something to say."""

@@ -68,6 +68,9 @@ class Claim:
     at: str  # the claim's name: c/<at>/<gen>, h/<at>/<gen>, ... (the key, or its redo name)
     beats: int = 0
     ended: bool = False  # published or abandoned: no more beats
+    #: Its value is computed and being written behind the compile (``Singleflight.publish_behind``):
+    #: it ends without waiting on anything, so it keeps its holder from no wait.
+    publishing: bool = False
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -102,16 +105,31 @@ class Claims:
         return claim.since if claim else None
 
     def any(self) -> bool:
+        """Whether this process holds a claim whose value it is still computing."""
         with self.lock:
-            return bool(self.held)
+            return any(not claim.publishing for claim in self.held.values())
 
-    def keys(self) -> list[str]:
+    def keys(self, *, publishing: bool = False) -> list[str]:
+        """The claims whose value this process is still computing (and with ``publishing``,
+        those being written too)."""
         with self.lock:
-            return list(self.held)
+            return [key for key, claim in self.held.items() if publishing or not claim.publishing]
 
-    def pop(self, key: str) -> Claim | None:
+    def hand_off(self, key: str) -> None:
+        """The value of ``key`` is computed: only its writing is left."""
         with self.lock:
-            return self.held.pop(key, None)
+            claim = self.held.get(key)
+            if claim is not None:
+                claim.publishing = True
+
+    def pop(self, key: str, *, publishing: bool = True) -> Claim | None:
+        """Stop holding ``key``'s claim and return it; a claim being written stays held
+        unless ``publishing``."""
+        with self.lock:
+            claim = self.held.get(key)
+            if claim is None or (claim.publishing and not publishing):
+                return None
+            return self.held.pop(key)
 
     def take(self, key: str, gen: int, at: str) -> bool:
         """Create claim ``c/<at>/<gen>`` for ``key``."""

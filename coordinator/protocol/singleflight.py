@@ -104,6 +104,7 @@ from coordinator.protocol.claims import (
 from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.stores.base import Store
 from coordinator.protocol.waiting import Waiter
+from coordinator.protocol.writer import BackgroundWriter
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,11 @@ class Singleflight:
         progress_interval: timedelta,
         signalled_waits: bool = True,
         events: NoEvents = NO_EVENTS,
+        writer: BackgroundWriter | None = None,
     ) -> None:
         self.store = store
+        #: Where :meth:`publish_behind` writes run (``None``: in the caller's thread).
+        self.writer = writer
         self.events = events
         #: Block on the claimant's signals (heartbeats, end, moved) where the store can;
         #: False polls them.
@@ -345,6 +349,37 @@ class Singleflight:
             self._claims.delete(key, claim)
         return True
 
+    def publish_behind(self, key: str, value: Callable[[], bytes], *, nbytes: int, what: str,
+                       published: Callable[[bool, int], None] | None = None) -> bool:
+        """Publish ``key``'s value behind the caller: ``value()`` (which may seal and copy
+        it) and :meth:`publish` run in the writer, in the order given, and then
+        ``published(ok, len(value))``. The claim on ``key`` is handed off meanwhile: it
+        ends without waiting on anything, so this process may wait on other claims while
+        it is written. Its waiters keep waiting, on its heartbeat, until it is published.
+
+        Returns:
+            False if the writer refused it (its queue is full): the claim is abandoned at
+            once, and the waiters compile.
+        """
+        def write() -> None:
+            try:
+                blob = value()
+            except BaseException:
+                self.abandon(key, publishing=True)
+                raise
+            ok = self.publish(key, blob)
+            if published is not None:
+                published(ok, len(blob))
+
+        if self.writer is None:
+            write()
+            return True
+        self._claims.hand_off(key)
+        if self.writer.submit(what, nbytes, write):
+            return True
+        self.abandon(key, publishing=True)
+        return False
+
     def first_to_mark(self, key: str, mark: str | int) -> bool:
         """Set the once-only mark ``n/<key>/<mark>``: whether this process set it first.
 
@@ -354,9 +389,10 @@ class Singleflight:
         """
         return self.store.add_if_absent(f"n/{key}/{mark}", b"1")
 
-    def abandon(self, key: str) -> None:
-        """Tell waiters that this process will not publish ``key``."""
-        claim = self._claims.pop(key)
+    def abandon(self, key: str, *, publishing: bool = False) -> None:
+        """Tell waiters that this process will not publish ``key``. A claim whose value is
+        being written behind the compile is left to that write unless ``publishing``."""
+        claim = self._claims.pop(key, publishing=publishing)
         if claim is None or not self.available:
             return
         try:
@@ -365,7 +401,8 @@ class Singleflight:
             self._fail(exc)
 
     def abandon_all(self) -> int:
-        """Abandon every claim still held (a compile ended without publishing them).
+        """Abandon every claim whose value is still being computed (a compile ended
+        without publishing them); claims being written behind the compile stay.
 
         Returns:
             How many claims were abandoned.
@@ -375,7 +412,11 @@ class Singleflight:
             self.abandon(key)
         return len(keys)
 
-    def close(self) -> None:
-        """Abandon held claims and stop the heartbeat thread."""
-        self.abandon_all()
+    def close(self, drain_timeout: timedelta = timedelta(seconds=0)) -> None:
+        """Let the writes behind the compile finish (up to ``drain_timeout``), abandon the
+        claims still held (those whose writes did not finish too), stop the heartbeat thread."""
+        if self.writer is not None:
+            self.writer.drain(drain_timeout, timedelta(seconds=self.progress_interval))
+        for key in self._claims.keys(publishing=True):
+            self.abandon(key, publishing=True)
         self._claims.heartbeat.stop()
