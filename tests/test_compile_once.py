@@ -120,7 +120,7 @@ def test_slow_claimant_keeps_its_claim(job, tcp_store):
     assert_compiled_once(results)
     followers = [r for r in results if r.fx_misses == 0]
     assert all(r.report["stats"]["waited_s"] >= 4.5 for r in followers)  # 3 leases at least
-    assert all("waiting for" in r.log and "last heartbeat" in r.log for r in followers)
+    assert all("waiting on rank " in r.log and "last heartbeat" in r.log for r in followers)
     assert not any("taking over" in r.log for r in results)
 
 
@@ -130,7 +130,7 @@ def test_rank_dependent_graphs_never_wait(job):
     for r in results:
         assert r.fx_misses == UNIQUE_GRAPHS and r.fx_hits == 0
         assert r.report["stats"]["waited_s"] < 1.0
-        assert "waiting for" not in r.log
+        assert "waiting on rank " not in r.log
 
 
 @pytest.mark.parametrize("cache", ["separate", "shared"])
