@@ -148,7 +148,7 @@ def help_text() -> str:
     ]
     for flag, (setting, metavar) in _OPTION_SETTINGS.items():
         lines += [f"  {flag + ' ' + metavar:<36}{OPTIONS[flag]}", f"      {meanings[setting]}"]
-    lines += ["", "Other settings the workers read (compile_once arguments; README.md, \"Configuration\"):"]
+    lines += ["", "Other settings the workers read (compile_once arguments; docs/settings.md):"]
     for name, meaning in descriptions(Config).items():
         if variable(name) not in OPTIONS.values():
             lines += [f"  {variable(name)}", f"      {meaning}"]
