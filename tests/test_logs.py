@@ -43,8 +43,11 @@ SCRIPT = textwrap.dedent("""
 def run(args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    full_env = dict(os.environ, **machine_env(tmp_path), TORCHINDUCTOR_COMPILE_THREADS="1", **(env or {}))
-    for name in ("COORDINATOR_LOG_LEVEL", "COORDINATOR_STORE"):
+    # An empty Inductor cache dir of the test's own (the node's, shared by its ranks), whatever
+    # this process's environment says: the one graph is compiled once, by one rank.
+    full_env = dict(os.environ, **machine_env(tmp_path), TORCHINDUCTOR_COMPILE_THREADS="1",
+                    TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), **(env or {}))
+    for name in ("COORDINATOR_LOG_LEVEL", "COORDINATOR_STORE", "TRITON_CACHE_DIR"):
         if not (env and name in env):
             full_env.pop(name, None)
     return subprocess.run([sys.executable, *[str(script) if a == "SCRIPT" else a for a in args]], env=full_env,
