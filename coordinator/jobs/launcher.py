@@ -260,4 +260,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as ``python -m coordinator.jobs.launcher``: through the module under its own name,
+    # whose logger is the coordinator's (this copy's is ``__main__``).
+    from coordinator.jobs.launcher import main as launcher_main
+
+    launcher_main()

@@ -38,7 +38,9 @@ LOGGER = "coordinator"
 
 
 class _Formatter(logging.Formatter):
-    """``[rank<R>]:coordinator: <message>``; ``WARNING: `` and ``ERROR: `` before the message of those."""
+    """``[rank<R>]:coordinator: <message>`` (or ``<prefix><message>`` where a prefix is
+    given: the launcher's own lines name themselves); ``WARNING: `` and ``ERROR: `` before
+    the message of those."""
 
     def __init__(self, prefix: str | None, rank: Callable[[], int | None] | None) -> None:
         super().__init__()
@@ -51,11 +53,11 @@ class _Formatter(logging.Formatter):
         rank: int | str | None = os.environ.get("RANK")
         if not rank and self._rank is not None:
             rank = self._rank()
-        return f"[rank{rank}]:" if rank not in (None, "") else ""
+        return (f"[rank{rank}]:" if rank not in (None, "") else "") + f"{LOGGER}: "
 
     def format(self, record: logging.LogRecord) -> str:
         level = f"{record.levelname}: " if record.levelno >= logging.WARNING else ""
-        return f"{self._line_prefix()}{LOGGER}: {level}{super().format(record)}"
+        return f"{self._line_prefix()}{level}{super().format(record)}"
 
 
 class _UnlessConfigured(logging.StreamHandler):
@@ -90,8 +92,8 @@ def _install(prefix: str | None, rank: Callable[[], int | None] | None) -> None:
 
 def show_coordinator_logs(level: int, prefix: str | None = None, rank: Callable[[], int | None] | None = None) -> None:
     """Show the ``coordinator`` logger's records at ``level`` and above in this process, on
-    stderr while logging is unconfigured, each line after ``prefix`` (default: the rank,
-    ``[rank<R>]:``, from ``RANK`` or else ``rank()``)."""
+    stderr while logging is unconfigured, each line after ``prefix`` (default: the rank and
+    the logger, ``[rank<R>]:coordinator: ``, the rank from ``RANK`` or else ``rank()``)."""
     logging.getLogger(LOGGER).setLevel(level)
     _install(prefix, rank)
 
