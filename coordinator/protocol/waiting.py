@@ -4,10 +4,10 @@ of lease, deadline and progress (``coordinator.protocol.singleflight`` describes
 A waiting rank logs what a person can place: the claimant (rank, host, pid), what it
 computes (the description its claim's record carries, ``coordinator.protocol.claims``:
 the graph, its function, the split frame's part, Dynamo's compile id), how long this rank
-has waited, and the key as the trace names it::
+has waited, and the key as the trace names it (one line; wrapped here)::
 
-    waiting on rank 0 on node-a (pid 4242) for backward graph 1 of 'forward' (compile 0/0):
-    30s so far, last heartbeat 2.1s ago (fx_graph/9f2c...)
+    waiting on rank 0 on node-a (pid 4242) for backward graph 1 of 'GPT.forward' (compile 0/0)
+    (fx_graph/9f2c...): 30s so far, last heartbeat 2.1s ago
 
 The lines back off: with ``progress_interval`` P (default 10 s) they come after P, 3P and
 6P of waiting, then every 6P (10 s, 30 s, 60 s, then every minute), counted from the start
@@ -58,7 +58,8 @@ class Waiter:
         raw = self.store.get(f"c/{at}/{gen}")
         owner = Owner.of_claim(raw)
         what = claim_record(raw).get("what") if raw is not None else None
-        claimant = _Claimant(str(owner or "an unknown rank"), f"{what or 'its key'} ({short_key(at)})")
+        key = short_key(at.split("/redo-", 1)[0])  # a redo claim's key
+        claimant = _Claimant(str(owner or "an unknown rank"), f"{what or 'its key'} ({key})")
         ended, value = self._wait_on(at, gen, started, published, claimant, rejected)
         return ended, value, owner.rank if owner is not None else None
 
