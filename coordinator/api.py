@@ -27,7 +27,7 @@ from typing import Any
 
 from coordinator.errors import ConfigError
 from coordinator.inductor import route_caches
-from coordinator.observe.logs import show_coordinator_logs
+from coordinator.observe.logs import show_coordinator_logs, show_logs_unless_configured
 from coordinator.session import Session
 from coordinator.settings import Config, JobSettings, take_enable_switch
 
@@ -57,6 +57,12 @@ def compile_once(store: Any = None, *, config: Config | None = None, **settings:
     Every setting left ``None`` comes from ``config`` if given, else its environment
     variable, else the default.
 
+    Each rank logs one summary line when the session ends, and a line while it waits
+    for another rank; with no logging set up in the script they go to stderr, after the
+    rank (``[rank0]:coordinator: ...``), at ``COORDINATOR_LOG_LEVEL`` (default ``INFO``);
+    where the script configured logging, its configuration governs
+    (``coordinator.observe.logs``).
+
     Entered where a ``compile_once`` is already active in this process (a script run
     under ``coordinator-run``, which entered it for the whole process), it joins that
     session when its settings resolve to the same ones: it yields the active session,
@@ -71,6 +77,7 @@ def compile_once(store: Any = None, *, config: Config | None = None, **settings:
         config = Config.resolve(store=store, **settings)
     else:
         config = config.replace(store=store, **settings)
+    show_logs_unless_configured(_rank_for_logs)
     global _active, _last
     active = _active
     if active is not None:
@@ -91,6 +98,12 @@ def compile_once(store: Any = None, *, config: Config | None = None, **settings:
         _active, _last = None, session
         log.info("%s", session.stats.summary())
         log.debug("%s", session.stats.details())
+
+
+def _rank_for_logs() -> int | None:
+    """The rank the coordinator's log lines name where ``RANK`` is unset: the session's."""
+    session = current_session()
+    return None if session is None else session.stats.rank
 
 
 def current_session() -> Session | None:
@@ -124,7 +137,7 @@ def enable_from_env() -> bool:
     if not take_enable_switch():
         return False
     job = JobSettings.resolve(names=("log_level", "save_bundle", "bundle_name"))
-    show_coordinator_logs(job.log_level)
+    show_coordinator_logs(job.log_level, rank=_rank_for_logs)
     context = compile_once()
     session = context.__enter__()
     atexit.register(context.__exit__, None, None, None)

@@ -1,31 +1,19 @@
-"""The ``coordinator`` command line: manage persisted bundles, report on a traced job.
+"""The ``coordinator`` command line: bundles, the report of a traced job, SLURM's node hooks.
 
-    coordinator bundle save URL FILE [--name NAME] [--ttl S] [--max-bytes N]
-    coordinator bundle load URL [--name NAME] [--out FILE]
-    coordinator bundle inspect URL|FILE [--name NAME]
-    coordinator bundle ls URL
-    coordinator bundle rm URL NAME
-    coordinator bundle copy SRC_URL DST_URL [--keep]
-    coordinator slurm prolog|epilog
-    coordinator report DIR [--no-picture]
-
-``URL`` is a ``redis://``/``rediss://`` or ``file://`` store, or ``outbox``: this node's
-outbox in Inductor's cache dir, which the SLURM Epilog publishes from. ``load`` fetches,
-verifies and installs into this machine's Inductor cache dir (once per node), or with
-``--out`` only downloads the verified bytes. The secret and namespace are the ``secret``
-and ``namespace`` settings' (``coordinator.settings``). ``copy`` publishes every verified
-bundle of one store to another.
-Exit status: 0 on success, 1 on a refused or missing bundle, 2 on bad usage.
-``slurm prolog|epilog`` are SLURM's node hooks (see ``coordinator.jobs.slurm``); they always
-exit 0. ``report`` merges the rank traces a job wrote with ``--coordinator-trace DIR`` into
-one Chrome trace and a picture in ``DIR``, and prints a table per rank and any warnings
-(see ``coordinator.observe.report``); exit status 1 when ``DIR`` holds no trace.
+Every command's help is written for a terminal (``coordinator --help``, ``coordinator
+bundle ls --help``): plain text, what it does, an example. ``bundle`` commands name a
+store by its URL (a password shown as ``***``) and exit 0 on success, 1 on a refused or
+missing bundle, 2 on bad usage; ``slurm prolog|epilog`` always exit 0 (see
+``coordinator.jobs.slurm``); ``report`` exits 1 when its directory holds no trace (see
+``coordinator.observe.report``). Output to a reader that stops reading (``coordinator
+bundle ls URL | head``) ends quietly, with exit status 141, as a command killed by SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import timedelta
 
@@ -35,7 +23,11 @@ from coordinator.bundles.keys import bundle_key, bundle_url
 from coordinator.bundles.transfer import copy_bundles, save_bundle
 from coordinator.errors import CoordinatorError
 from coordinator.protocol.fingerprint import fingerprint
+from coordinator.protocol.stores import shown_url
 from coordinator.settings import Config, variable
+
+#: The exit status of a command whose reader stopped reading: a command killed by SIGPIPE's.
+BROKEN_PIPE_EXIT = 128 + 13
 
 
 def _read_source(source: str, name: str, config: Config) -> bytes:
@@ -44,7 +36,7 @@ def _read_source(source: str, name: str, config: Config) -> bytes:
 
         blob = open_store(source).get(bundle_key(name, config=config))
         if blob is None:
-            raise FileNotFoundError(f"no bundle {name!r} for environment {fingerprint()} in {source}")
+            raise FileNotFoundError(f"no bundle {name!r} for environment {fingerprint()} in {shown_url(source)}")
         return blob
     with open(source, "rb") as f:
         return f.read()
@@ -59,14 +51,14 @@ def _bundle_command(args: argparse.Namespace) -> int:
         read_bundle(blob, secret=secret)  # refuse to publish a bad bundle
         ttl = timedelta(seconds=args.ttl) if args.ttl else None
         size = save_bundle(args.url, name=args.name, ttl=ttl, max_bytes=args.max_bytes, blob=blob, config=config)
-        print(f"saved {size} bytes as {bundle_key(args.name, config=config)}")
+        print(f"saved {size} bytes as {bundle_key(args.name, config=config)} in {shown_url(args.url)}")
     elif args.action == "load":
         if args.out:
             blob = _read_source(args.url, args.name, config)
             read_bundle(blob, secret=secret)
             with open(args.out, "wb") as f:
                 f.write(blob)
-            print(f"wrote {len(blob)} verified bytes to {args.out}")
+            print(f"wrote {len(blob)} verified bytes from {shown_url(args.url)} to {args.out}")
         else:
             print(json.dumps(load_bundle(args.url, name=args.name, config=config)))
     elif args.action == "inspect":
@@ -84,58 +76,154 @@ def _bundle_command(args: argparse.Namespace) -> int:
             blob = store.get(key)
             print(f"{key}\t{len(blob) if blob is not None else 0}")
         if not keys:
-            print(f"no bundles in {args.url}")
+            print(f"no bundles in {shown_url(args.url)}")
     elif args.action == "rm":
         from coordinator.protocol.stores import open_store
 
         open_store(args.url).delete(bundle_key(args.name, config=config))
-        print(f"removed {bundle_key(args.name, config=config)}")
+        print(f"removed {bundle_key(args.name, config=config)} from {shown_url(args.url)}")
     elif args.action == "copy":
         for key in copy_bundles(args.src, args.dst, move=not args.keep, config=config):
-            print(f"published {key}")
+            print(f"published {key} to {shown_url(args.dst)}")
     return 0
 
 
 _URL = "redis://host:port/db, rediss://..., file:///dir, or outbox (this node's outbox)"
 _NAME = (f"bundle name (default: default); the secret and namespace come from {variable('secret')}, "
          f"{variable('namespace')}")
+_STORES = f"""\
+A store is named by its URL: redis://[:password@]host:port/db, rediss://... (TLS),
+file:///shared/dir, or outbox (this node's outbox, <Inductor cache dir>/coordinator-outbox,
+which the SLURM Epilog publishes from). Bundles are keyed by the environment (torch,
+Triton, CUDA, GPU, Python) and by the secret and namespace of {variable('secret')} and
+{variable('namespace')}, as the job that saved them had them."""
+
+_MAIN = f"""\
+The command line of coordinator, the compile cache coordinator for distributed
+torch.compile. A job runs under it with coordinator-run (a torchrun drop-in: see
+coordinator-run --help) or with "with coordinator.compile_once():" in its script; these
+commands handle what such a job leaves behind: its bundle (every compiled artifact of
+the job in one verified file, for the next job or a new node), its trace (a timeline of
+who compiled and who waited), and SLURM's node hooks that move bundles.
+
+{_STORES}"""
+
+_MAIN_EXAMPLES = """\
+examples:
+  coordinator bundle ls redis://cache:6379/0
+  coordinator bundle inspect redis://cache:6379/0 --name gpt-7b
+  COORDINATOR_TRACE=trace torchrun --standalone --nproc-per-node 4 train.py && coordinator report trace
+  coordinator slurm --help
+
+Run "coordinator COMMAND --help" for each command's options."""
+
+
+def _examples(*lines: str) -> str:
+    return "example:\n" + "\n".join(f"  {line}" for line in lines) if len(lines) == 1 else \
+        "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _parser(commands: argparse._SubParsersAction, name: str, help: str, description: str,
+            examples: list[str]) -> argparse.ArgumentParser:
+    return commands.add_parser(name, help=help, description=description, epilog=_examples(*examples),
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="coordinator", description=__doc__,
+    parser = argparse.ArgumentParser(prog="coordinator", description=_MAIN, epilog=_MAIN_EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True)
-    bundle = commands.add_parser("bundle", help="save, load, inspect, list and remove bundles")
-    actions = bundle.add_subparsers(dest="action", required=True)
-    save = actions.add_parser("save", help="publish a bundle file to a store",
-                              description="Verify a bundle file (checksums, and the signature with "
-                                          f"{variable('secret')}) and publish it to a store under a name.")
+    commands = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+
+    bundle = _parser(
+        commands, "bundle", "save, load, inspect, list, remove and copy bundles",
+        "A bundle holds every compiled artifact of a job (the Mega-Cache of its compiles, the\n"
+        "compiled CPU kernels, Triton autotune results), sealed with checksums and, with\n"
+        f"{variable('secret')} set, an HMAC signature; every one is verified before anything\n"
+        "is written. A job saves one with --coordinator-save-bundle URL (coordinator-run) or\n"
+        "coordinator.save_bundle(URL); a later job restores it with --coordinator-restore URL.\n\n"
+        + _STORES,
+        ["coordinator bundle ls file:///shared/bundles",
+         "coordinator bundle load redis://cache:6379/0 --name gpt-7b"])
+    actions = bundle.add_subparsers(dest="action", required=True, title="actions", metavar="ACTION")
+    save = _parser(actions, "save", "publish a bundle file to a store",
+                   "Verify a bundle file (checksums, and the signature with "
+                   f"{variable('secret')})\nand publish it to a store under a name.",
+                   ["coordinator bundle save redis://cache:6379/0 gpt-7b.bundle --name gpt-7b --ttl 604800"])
     save.add_argument("url", help="the store to publish to: " + _URL)
-    save.add_argument("file", help="the bundle file (from `coordinator bundle load URL --out FILE`, or "
-                                   "bytes of coordinator.bundles.format.pack_bundle())")
+    save.add_argument("file", help="the bundle file (from coordinator bundle load URL --out FILE, or "
+                                   "the bytes of coordinator.bundles.format.pack_bundle())")
     save.add_argument("--name", default="default", help=_NAME)
     save.add_argument("--ttl", type=float, default=None, help="seconds until Redis expires it (default: never)")
     save.add_argument("--max-bytes", type=int, default=None, help="refuse a bundle larger than this (default: any)")
-    load = actions.add_parser("load", help="fetch, verify and install a bundle (or --out FILE)")
+    load = _parser(actions, "load", "fetch, verify and install a bundle (or --out FILE)",
+                   "Fetch a bundle from a store, verify it and install it into this machine's Inductor\n"
+                   "cache dir (TORCHINDUCTOR_CACHE_DIR, else Inductor's default), once per node however\n"
+                   "many processes ask; prints what it installed. With --out, only write the verified\n"
+                   "bytes to a file.",
+                   ["coordinator bundle load redis://cache:6379/0 --name gpt-7b",
+                    "coordinator bundle load redis://cache:6379/0 --name gpt-7b --out gpt-7b.bundle"])
     load.add_argument("url", help="the store to fetch from: " + _URL)
     load.add_argument("--name", default="default", help=_NAME)
     load.add_argument("--out", default=None, help="write the verified bundle to this file instead of installing it")
-    inspect = actions.add_parser("inspect", help="print a bundle's fingerprint, sizes, kernels, signature")
+    inspect = _parser(actions, "inspect", "print a bundle's fingerprint, sizes, kernels, signature",
+                      "Verify a bundle in a store or a file and print, as JSON, the environment it was\n"
+                      "built in (and whether it is this one), when and where, its compile time, its\n"
+                      "sizes by kind, its kernels and its signature.",
+                      ["coordinator bundle inspect file:///shared/bundles --name nightly",
+                       "coordinator bundle inspect gpt-7b.bundle"])
     inspect.add_argument("source", help="store URL or bundle file")
     inspect.add_argument("--name", default="default", help=_NAME)
-    ls = actions.add_parser("ls", help="list the bundles in a store")
+    ls = _parser(actions, "ls", "list the bundles in a store",
+                 "List every bundle in a store, one line each: its key\n"
+                 "(bundles/<environment>/<secret>/<namespace>/<name>) and its size in bytes.",
+                 ["coordinator bundle ls redis://cache:6379/0 | head"])
     ls.add_argument("url", help="the store: " + _URL)
-    rm = actions.add_parser("rm", help="remove a bundle")
+    rm = _parser(actions, "rm", "remove a bundle",
+                 "Remove bundle NAME (of this environment, secret and namespace) from a store.",
+                 ["coordinator bundle rm redis://cache:6379/0 gpt-7b"])
     rm.add_argument("url", help="the store: " + _URL)
     rm.add_argument("name", help="bundle name")
-    copy = actions.add_parser("copy",
-                              help="publish every verified bundle of one store to another (and remove it there)")
+    copy = _parser(actions, "copy", "publish every verified bundle of one store to another (and remove it there)",
+                   "Publish every bundle of one store to another under the same key, each verified\n"
+                   "first (a bundle that fails is left out, with a warning); the source copies are\n"
+                   "removed unless --keep. The SLURM Epilog publishes a node's outbox this way.",
+                   ["coordinator bundle copy outbox redis://cache:6379/0 --keep"])
     copy.add_argument("src", help="the store to copy from: " + _URL)
     copy.add_argument("dst", help="the store to copy to: " + _URL)
     copy.add_argument("--keep", action="store_true", help="leave the source copies")
-    slurm = commands.add_parser("slurm", help="SLURM node hooks: restore before a job, push and clean after")
-    slurm.add_argument("hook", choices=["prolog", "epilog"])
-    report = commands.add_parser("report", help="merge a traced job's rank traces: one timeline, a picture, a table")
+
+    slurm = _parser(
+        commands, "slurm", "SLURM node hooks: install a job's bundle before it, publish its bundle after",
+        "SLURM's node hooks, run by slurmd through launch/slurm/prolog.sh and epilog.sh (see\n"
+        "launch/slurm/README.md for installing them). They read the job's settings from the\n"
+        "site's coordinator.env and the job's comment (sbatch --comment\n"
+        "\"coordinator.bundle=NAME\"), do their work as the job's user, and always exit 0: an\n"
+        "error is logged and the job compiles as usual.",
+        ["coordinator slurm prolog    # as slurmd runs it, with SLURM_JOB_ID, SLURM_JOB_UID, ... set"])
+    hooks = slurm.add_subparsers(dest="hook", required=True, title="hooks", metavar="HOOK")
+    _parser(hooks, "prolog", "before a job's tasks start on a node: fetch, verify and install the bundle the job "
+                             "names into the node's Inductor cache dir",
+            "Before a job's tasks start on a node: fetch the bundle the job names\n"
+            f"({variable('restore_bundle')}, {variable('bundle_name')}, or the job's comment),\n"
+            "verify it and install it into the node's Inductor cache dir, so that the tasks load\n"
+            "their graphs instead of compiling them.",
+            ["Prolog=/etc/slurm/coordinator/prolog.sh    # slurm.conf; prolog.sh runs: coordinator slurm prolog"])
+    _parser(hooks, "epilog", "when the job ends on a node: publish the bundles it left in the node's outbox, then "
+                             "remove the node's cache dir if asked",
+            "When the job's allocation ends on a node: publish the bundles the job left in the\n"
+            f"node's outbox (COORDINATOR_SAVE_BUNDLE=outbox) to {variable('push_bundle')}, each verified\n"
+            f"first, then remove the node's cache dir if {variable('slurm_clean')}=1.",
+            ["Epilog=/etc/slurm/coordinator/epilog.sh    # slurm.conf; epilog.sh runs: coordinator slurm epilog"])
+
+    report = _parser(
+        commands, "report", "merge a traced job's rank traces: one timeline, a picture, a table",
+        "Merge the rank traces a job wrote into DIR (coordinator-run --coordinator-trace DIR,\n"
+        "COORDINATOR_TRACE=DIR, or compile_once(trace_dir=DIR)): print a table per rank (graphs\n"
+        "compiled, received, found locally, waits, seconds waited and saved, bytes) with a\n"
+        "legend, warn where ranks compiled different graphs, and write DIR/job.trace.json (for\n"
+        "Perfetto) and, with matplotlib, DIR/job.png and .svg\n"
+        '(pip install "torch-compile-coordinator[plot]").',
+        ["COORDINATOR_TRACE=trace torchrun --standalone --nproc-per-node 4 train.py && coordinator report trace"])
     report.add_argument("dir", help="the job's --coordinator-trace directory")
     report.add_argument("--no-picture", action="store_true", help="write the trace and the table only")
     return parser
@@ -161,7 +249,7 @@ def _report_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     for name in ("url", "src", "dst"):
         if getattr(args, name, None):
@@ -177,9 +265,29 @@ def main(argv: list[str] | None = None) -> int:
         return _report_command(args)
     try:
         return _bundle_command(args)
+    except BrokenPipeError:
+        raise
     except (CoordinatorError, FileNotFoundError, OSError) as exc:
         print(f"coordinator: {exc}", file=sys.stderr)
         return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        _quiet_stdout()
+        return BROKEN_PIPE_EXIT
+
+
+def _quiet_stdout() -> None:
+    """The reader of stdout is gone (``coordinator bundle ls URL | head``): send what is
+    left of stdout, and its flush at exit, to /dev/null instead of a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor behind sys.stdout (a test's capture)
+        pass
 
 
 if __name__ == "__main__":

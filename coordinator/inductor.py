@@ -70,9 +70,9 @@ def _core_hooks(session: Session, backends: dict[str, type]) -> list[contextlib.
     features = session.features
     served = None
     if _overridden(session, "served_locally"):
-        def served(*args) -> None:
+        def served(*args, **kwargs) -> None:
             for feature in features:
-                feature.served_locally(*args)
+                feature.served_locally(*args, **kwargs)
 
     def keep_locally(local_key: str) -> bool:
         return all(feature.keeps_locally(local_key) for feature in features)

@@ -131,7 +131,22 @@ class Session:
         self.stats.writer = self.writer.counts
         return Singleflight(store, owner=Owner.this_process(rank), lease=self.config.lease,
                             wait_timeout=self.config.wait_timeout, progress_interval=self.config.progress_interval,
-                            signalled_waits=self.config.signalled_waits, events=self.events, writer=self.writer)
+                            signalled_waits=self.config.signalled_waits, events=self.events,
+                            describe=self.describe, writer=self.writer)
+
+    @staticmethod
+    def describe(key: str) -> str:
+        """What this thread computes for store key ``key``, in words, for the record of a
+        claim on it (a waiting rank names it): the graph this thread compiles
+        (``_compat.compiling_now``), or what the key's cache kind holds."""
+        now = _compat.compiling_now()
+        kind = _compat.CACHE_KINDS.get(short_key(key).split("/", 1)[0])
+        if kind is None:
+            return now
+        if kind.graphs and now:
+            return now
+        noun = kind.described_as or f"a {kind.name} entry"
+        return f"{noun} in {now}" if now else noun
 
     def store_key(self, kind: str, inductor_key: str) -> str:
         """The store key of Inductor's ``inductor_key`` of cache ``kind``."""
@@ -236,21 +251,24 @@ class Session:
             return None
 
     def _received(self, kind: str, key: str, sealed, nbytes: int, *, from_node: bool, began: float) -> None:
-        """Write a hit's kernels, extend NCCL timeouts by the compile time it saves, count it."""
+        """Write a hit's kernels, extend NCCL timeouts by the compile time its entry records,
+        count it (and that time as saved, for a kind whose hit saves it:
+        ``_compat.hit_saves_compile``)."""
         written = 0
         try:
             written = self.kernels.emit(sealed.files) if sealed.files else 0
         except OSError as exc:
             log.warning("compile_once: could not write received kernels (%s); Inductor will compile them", exc)
-        saved_s = sealed.meta.get("time_taken_ms", 0) / 1000.0
-        self.kernels.record(kind, sealed.files, saved_s)
+        recorded_s = sealed.meta.get("time_taken_ms", 0) / 1000.0
+        self.kernels.record(kind, sealed.files, recorded_s)
         if _compat.CACHE_KINDS[kind].inductor_extends_timeout:
             # Inductor extends by the entry's recorded compile time itself on this hit.
-            extension = float(int(saved_s)) if _compat.has_nccl_process_group() else 0.0
+            extension = float(int(recorded_s)) if _compat.has_nccl_process_group() else 0.0
         else:
-            extension = _compat.extend_nccl_timeouts(saved_s)
-        self.events.span("receive", began, key=short_key(key), bytes=nbytes, saved_s=round(saved_s, 3),
-                         kernels=written, **{"from": "node" if from_node else "store"})
+            extension = _compat.extend_nccl_timeouts(recorded_s)
+        saved = {"saved_s": round(recorded_s, 3)} if _compat.hit_saves_compile(kind) else {}
+        self.events.span("receive", began, key=short_key(key), bytes=nbytes, kernels=written,
+                         **saved, **{"from": "node" if from_node else "store"})
         if extension:
             self.events.instant("timeout extension", seconds=extension)
 

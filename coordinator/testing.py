@@ -17,10 +17,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coordinator._compat import count_triton_compiles, frames_traced, inductor_counters
+from coordinator._compat import count_triton_compiles, frames_traced, inductor_counters, process_compile_seconds
 
 __all__ = ["GPT", "Block", "count_triton_compiles", "frames_traced", "free_port", "inductor_counters",
-           "open_test_store", "redis_server_binary"]
+           "open_test_store", "process_compile_seconds", "redis_server_binary"]
 
 
 class Block(nn.Module):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import tempfile
 import time
@@ -57,8 +56,6 @@ def main() -> None:
     p.add_argument("--shared-local-cache", action="store_true", help="keep Inductor's usual cache dir")
     p.add_argument("--json", default=None, help="rank 0 writes the per-rank results here")
     args = p.parse_args()
-    logging.basicConfig(format=f"[rank{os.environ.get('RANK', 0)}] %(name)s: %(message)s")
-    logging.getLogger("coordinator").setLevel(logging.INFO)  # progress lines and the summary
 
     device = setup_distributed(fresh_cache=not args.shared_local_cache)
     use_cuda = device.type == "cuda"

@@ -68,6 +68,24 @@ def test_four_local_ranks_restore_with_one_fetch(job, tmp_path):
         assert_loaded_everything(r)
 
 
+def test_a_restored_bundle_counts_what_it_saved_up_to_its_recorded_compile_time(job, tmp_path):
+    """A job restores a bundle into empty Inductor dirs, then runs under compile_once: every
+    graph is in the local cache, put there by the bundle, and each rank's ``saved`` is the
+    compile time recorded with those graphs: more than 0, no more than the bundle's job spent
+    compiling."""
+    url = f"file://{tmp_path / 'bundles'}"
+    require_success(job(1, {"bundle": f"save:{url}", "coordinator": False}, env=NO_PCH))
+    results = job(2, {"bundle": f"load:{url}", "store": f"file://{tmp_path / 'store'}"}, env=NO_PCH)
+    require_success(results)
+    for r in results:
+        assert_loaded_everything(r)
+        stats, bundle = r.report["stats"], r.report["bundle"]
+        assert bundle["fetched"] is True and bundle["graphs"] == UNIQUE_GRAPHS, bundle
+        assert stats["graphs_found_in_local_cache"] == UNIQUE_GRAPHS and stats["graphs_received"] == 0, stats
+        assert 0 < stats["compile_time_saved_s"] <= bundle["compile_time_s"], (stats, bundle)
+        assert f"saved {stats['compile_time_saved_s']:.1f}s" in r.log
+
+
 def synthetic(secret=None, env=None, size=1000):
     artifacts = {"megacache": os.urandom(size), "kernel/ab/cabc.so": b"\x7fELF fake kernel"}
     return build_bundle(artifacts, compile_time_s=12.5, secret=secret, env=env), artifacts

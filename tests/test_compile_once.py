@@ -11,6 +11,9 @@ fresh node still precompiles the C++ prefix header once, and with
 
 from __future__ import annotations
 
+import re
+import socket
+
 import pytest
 import torch
 from conftest import require_success
@@ -95,6 +98,31 @@ def test_a_repeated_graph_is_received_once_then_loaded_from_the_local_cache(job)
         torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
 
 
+def test_saved_is_the_compile_time_of_the_graphs_a_rank_loaded(job, tmp_path):
+    """``saved`` counts the FX graphs a rank loaded instead of compiling, at the compile
+    time recorded with each, and nothing else: not the AOTAutograd entries of DDP's split
+    graphs it loaded too, whose recorded time holds their FX graphs' compiles again. So no
+    rank's ``saved`` exceeds what the other rank spent in torch.compile."""
+    from coordinator.observe.report import load_traces
+
+    trace = tmp_path / "trace"
+    results = job(2, {"model": "repeated", "ddp": True, "bucket_cap_mb": 1, "steps": 1},
+                  env={"COORDINATOR_TRACE": str(trace), "COORDINATOR_EARLY_BACKWARD": "0"})
+    require_success(results)
+    events = load_traces(trace)
+    loaded_kinds = set()
+    for r in results:
+        received = [e for e in events[r.rank] if e["name"] == "receive"]
+        loaded_kinds |= {e["args"]["key"].split("/")[0] for e in received}
+        fx_recorded = [e["args"]["saved_s"] for e in received if e["args"]["key"].startswith("fx_graph/")]
+        saved = r.report["stats"]["compile_time_saved_s"]
+        assert saved == pytest.approx(sum(fx_recorded), abs=0.01), (saved, fx_recorded)
+        assert (saved > 0) == bool(fx_recorded)
+        other = results[1 - r.rank]
+        assert saved <= other.report["compile_seconds"], (saved, other.report["compile_seconds"])
+    assert {"aot_autograd", "fx_graph"} <= loaded_kinds, loaded_kinds
+
+
 @pytest.mark.protocol
 def test_killed_claimant_is_taken_over_after_lease(job, tcp_store):
     results = job(
@@ -109,19 +137,39 @@ def test_killed_claimant_is_taken_over_after_lease(job, tcp_store):
     assert any("expired" in r.log and "taking over" in r.log for r in survivors)
 
 
+#: A waiting rank's progress line (``coordinator.protocol.waiting``).
+WAITING = re.compile(r"waiting on rank (\d+) on (\S+) \(pid (\d+)\) for (.+) \((fx_graph/[0-9a-f]+)\): "
+                     r"([\d.]+)s so far, last heartbeat [\d.]+s ago")
+
+
 @pytest.mark.protocol
 def test_slow_claimant_keeps_its_claim(job, tcp_store):
-    # The first compile stalls for 4 lease periods; its heartbeat must keep the claim.
+    """The first compile stalls for 4 lease periods; its heartbeat keeps the claim. The
+    waiting ranks' lines name the rank and host they wait on and the graph it compiles,
+    and come less and less often: after 0.5, 1.5, 3, 6, 9... s (progress_interval 0.5 s)."""
     results = job(
         WORLD,
         {"no_pg": True, "external_store": f"127.0.0.1:{tcp_store.port}", "first_compiler": "slow:6"},
-        env={"COORDINATOR_LEASE_S": "1.5", "COORDINATOR_PROGRESS_S": "1"},
+        env={"COORDINATOR_LEASE_S": "1.5", "COORDINATOR_PROGRESS_S": "0.5"},
     )
     assert_compiled_once(results)
+    [compiler] = [r for r in results if r.fx_misses > 0]
     followers = [r for r in results if r.fx_misses == 0]
     assert all(r.report["stats"]["waited_s"] >= 4.5 for r in followers)  # 3 leases at least
-    assert all("waiting for" in r.log and "last heartbeat" in r.log for r in followers)
     assert not any("taking over" in r.log for r in results)
+    for r in followers:
+        lines = [match.groups() for match in map(WAITING.search, r.log.splitlines()) if match]
+        assert lines, r.log[-3000:]
+        for rank, host, _, what, _, _ in lines:
+            assert (int(rank), host) == (compiler.rank, socket.gethostname())
+            # The model's graphs (an nn.Sequential), in Dynamo's first compile.
+            assert re.fullmatch(r"(forward|backward) graph \d+ of 'Sequential.forward' \(compile 0/0\)", what), what
+        assert lines[0][3].startswith("forward graph "), lines[0]  # the stalled compile: the forward
+        waited = [float(line[-1]) for line in lines if line[4] == lines[0][4]]  # the first wait's lines
+        due = [0.5, 1.5] + [3.0 * k for k in range(1, 200)]
+        assert len(waited) >= 3, waited  # it waited 4.5 s at least
+        assert all(w >= d for w, d in zip(waited, due, strict=False)), waited  # none before its time
+        assert len(waited) <= sum(d <= r.report["stats"]["waited_s"] for d in due), waited
 
 
 def test_rank_dependent_graphs_never_wait(job):
@@ -130,7 +178,7 @@ def test_rank_dependent_graphs_never_wait(job):
     for r in results:
         assert r.fx_misses == UNIQUE_GRAPHS and r.fx_hits == 0
         assert r.report["stats"]["waited_s"] < 1.0
-        assert "waiting for" not in r.log
+        assert "waiting on rank " not in r.log
 
 
 @pytest.mark.parametrize("cache", ["separate", "shared"])

@@ -131,13 +131,21 @@ def test_invalid_env(monkeypatch):
         Config.resolve(environ={"COORDINATOR_CHUNK_BYTES": "1MB"})
 
 
-def _readme_settings() -> dict[str, str]:
-    """Setting -> environment variable, from the README's configuration table."""
+def _readme_settings(document: str = "README.md") -> dict[str, str]:
+    """Setting -> environment variable, from a document's table of a session's settings
+    (README.md's "Configuration", docs/settings.md's first table)."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    return dict(re.findall(r"^\| `([a-z_]+)` \| `(COORDINATOR_[A-Z_]+)` \|", readme, flags=re.M))
+    text = (Path(__file__).resolve().parent.parent / document).read_text()
+    text = text.split("## A job's settings")[0]
+    return dict(re.findall(r"^\| `([a-z_]+)` \| `(COORDINATOR_[A-Z_]+)` \|", text, flags=re.M))
+
+
+def test_the_readme_and_the_settings_page_list_every_setting():
+    from coordinator.settings import _ENV
+
+    assert _readme_settings("README.md") == _ENV == _readme_settings("docs/settings.md")
 
 
 def test_compile_once_accepts_every_setting_the_readme_lists(tmp_path, monkeypatch):

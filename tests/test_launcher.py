@@ -161,9 +161,9 @@ def test_script_without_coordinator_compiles_each_graph_once(tmp_path):
     assert [r["local_rank"] for r in reports] == ["0", "1", "2"]  # no GPUs: no virtual local rank
     misses = sum(r["inductor"].get("fxgraph_cache_miss", 0) for r in reports)
     assert misses == 2, [r["inductor"] for r in reports]
-    # The script configures no logging: each worker still shows its summary line.
+    # The script configures no logging: each worker still shows its summary line, once.
     for rank in range(3):
-        assert f"[rank{rank}] coordinator.api: compile_once rank {rank}: " in result.stderr, result.stderr[-3000:]
+        assert result.stderr.count(f"[rank{rank}]:coordinator: compile_once rank {rank}: ") == 1, result.stderr[-3000:]
 
 
 @pytest.mark.protocol

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+import socket
 import subprocess
 import sys
 import threading
 import time
 from datetime import timedelta
 
+import msgpack
 import pytest
 
 from coordinator.features.tuning_steps import TuningSteps
+from coordinator.protocol.claims import claim_record
 from coordinator.protocol.singleflight import Owner, Singleflight
 
 pytestmark = pytest.mark.protocol
@@ -50,6 +56,49 @@ def test_claim_wait_publish(store):
     assert 0.2 <= result["r"].waited_s < 5
     assert flight(store, 2).lookup("k", blocking=True).outcome == "hit"
     leader.close()
+
+
+def waiting_lines(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.getMessage().startswith("waiting on ")]
+
+
+def test_a_waiter_names_the_claimant_and_what_it_computes_less_and_less_often(store, caplog):
+    """The claim's record carries what its claimant computes; the waiter's lines name the
+    claimant and that, and come after P, 3P, 6P, 12P... of waiting (P: progress_interval)."""
+    what = "backward graph 1 of 'GPT.forward' (compile 0/0)"
+    leader = flight(store, 0, lease=0.4)  # a heartbeat every 0.1 s wakes the waiter
+    follower = Singleflight(store, owner=Owner.this_process(1), lease=timedelta(seconds=0.4),
+                            wait_timeout=timedelta(seconds=30), progress_interval=timedelta(seconds=0.2))
+    assert leader.lookup("k", blocking=True, what=what).outcome == "claimed"
+    record = claim_record(store.get("c/k/0"))
+    assert record["what"] == what and (record["rank"], record["pid"]) == (0, os.getpid()) and record["t"] > 0
+    threading.Timer(3.0, leader.publish, args=("k", b"value")).start()
+    with caplog.at_level(logging.INFO, logger="coordinator"):
+        result = follower.lookup("k", blocking=True)
+    assert result.outcome == "waited"
+    owner = f"rank 0 on {socket.gethostname()} (pid {os.getpid()})"
+    pattern = re.compile(rf"waiting on {re.escape(owner)} for {re.escape(what)} \(k\): ([\d.]+)s so far, "
+                         r"last heartbeat [\d.]+s ago")
+    lines = waiting_lines(caplog)
+    assert all(pattern.fullmatch(line) for line in lines), lines
+    waited = [float(pattern.fullmatch(line).group(1)) for line in lines]
+    due = [0.2, 0.6] + [1.2 * k for k in range(1, 100)]
+    assert len(waited) >= 3, lines  # it waited more than 1.2 s
+    assert all(w >= d for w, d in zip(waited, due, strict=False)), waited  # none before its time
+    assert len(waited) <= sum(d <= result.waited_s for d in due), (waited, result.waited_s)
+    leader.close()
+
+
+def test_a_claim_in_the_list_form_of_earlier_versions_is_read(store, caplog):
+    """A claimant of an earlier version wrote ``[rank, host, pid, t]``: its waiters still
+    name it, and say its key for what it computes."""
+    assert store.add_if_absent("c/k/0", msgpack.packb([5, "old-host", 99, time.time()]))
+    store.set("h/k/0", msgpack.packb([0, time.time()]))
+    assert Owner.of_claim(store.get("c/k/0")) == Owner(5, "old-host", 99)
+    follower = flight(store, 1, lease=30.0, wait_timeout=1.0)
+    with caplog.at_level(logging.INFO, logger="coordinator"):
+        assert follower.lookup("k", blocking=True).outcome == "deadline"
+    assert "on rank 5 on old-host (pid 99) for its key (k), past the 1s deadline; compiling locally" in caplog.text
 
 
 def test_abandoned_claim_releases_waiters(store):

@@ -3,7 +3,8 @@
 Run as ``python tests/worker.py '<json options>'`` with RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT set (the tests spawn one process per rank, as torchrun
 does). Writes a JSON report to ``options["out"]``: losses, Inductor's FX cache
-counters, how many C++ compiler runs this process made, and ``coordinator.stats()``.
+counters, how many C++ compiler runs this process made, the seconds it spent in
+torch.compile, and ``coordinator.stats()``.
 
 Options:
     store: store spec for compile_once (None = the job's TCPStore)
@@ -83,7 +84,7 @@ import torch.distributed as dist
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import coordinator
-from coordinator.testing import frames_traced, inductor_counters
+from coordinator.testing import frames_traced, inductor_counters, process_compile_seconds
 
 
 def count_cpp_builds() -> dict[str, int]:
@@ -558,6 +559,7 @@ def main() -> None:
             "cpp_builds": builds,
             "inductor": inductor_counters(),
             "frames_traced": frames_traced(),
+            "compile_seconds": process_compile_seconds(),
             "bundle": bundle_result,
         }
     result["stats"] = coordinator.stats()

@@ -23,11 +23,17 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   compile workers off Redis (``TORCHINDUCTOR_REDIS_URL``: Inductor's ``create_cache``
   swallows the backend's construction error; 2.13.0 only); compile-end callbacks
   (``callback_handler``); cache dirs; whether AOTAutograd entries hold their graphs
-  (``autograd_cache.should_bundle_autograd_cache``). GPU tier on 2.11.0.
+  (``autograd_cache.should_bundle_autograd_cache``), and so whether a hit of one saves
+  its recorded compile time (``hit_saves_compile``: AOTAutograd's ``time_taken_ms`` spans
+  from its lookup to the end of its compiles, read from 2.13.0's ``graph_compile``);
+  Mega-Cache installs and the FX keys they write (``load_cache_artifacts``:
+  ``CacheInfo.inductor_artifacts``, 2.13.0). GPU tier on 2.11.0.
 * ``fx_graph``: FX-graph lookups (``fx_graph_lookups``): ``FxGraphCache._lookup_graph``,
   ``_write_to_local_cache``, ``_get_tmp_dir_for_key``, ``codecache._worker_compile_cpp``,
   ``RedisRemoteCache._get_key`` and the FX remote value format of ``_save_graph``
-  (``{"data": <base64>, ...}``). 2.11.0 does not keep remote hits in its local cache itself;
+  (``{"data": <base64>, ...}``); the compile time a hit's entry records
+  (``CompiledFxGraph._time_taken_ns``, the one Inductor's own ``time_saved_ns`` reads).
+  2.11.0 does not keep remote hits in its local cache itself;
   keeping them ran in the GPU tier on 2.11.0. Whether a lookup loads an AOTAutograd entry's
   graph (``in_aot_entry_load``): ``_lookup_graph``'s ``evaluate_guards``, which only
   ``FxGraphCacheLoadable.load`` passes (2.13.0; without the parameter, never). Entries that
@@ -112,6 +118,10 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
 * ``triton_driver``: Triton's CUDA driver utilities built in the background when a session
   starts (``warm_driver_utilities``): ``triton.backends.nvidia.driver.CudaUtils``. Triton 3.6
   with 2.11.0 on an H100 (the restart benchmark); read from Triton 3.8's source (2.14.1).
+* ``compile_context``: what this thread compiles, in words (``compiling_now``: the graph,
+  its frame's function, the split frame's part, Dynamo's compile id), for the claims a
+  waiting rank names: ``CompileContext.current_compile_id``, ``TracingContext.traced_code``,
+  ``logging_utils.graph_being_compiled``. Read from 2.13.0's source; ran on 2.13.0 (CPU tests).
 * ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
 """
@@ -124,7 +134,9 @@ from coordinator._compat.caches import (
     WaitRule,
     compile_workers_without_redis,
     default_cache_dir,
+    hit_saves_compile,
     inductor_cache_dir,
+    load_cache_artifacts,
     on_compile_end,
     process_compile_seconds,
     remote_cache_backend_base,
@@ -132,6 +144,7 @@ from coordinator._compat.caches import (
     routed_remote_caches,
     ships_kernels,
 )
+from coordinator._compat.compile_context import compiling_now
 from coordinator._compat.counters import count_triton_compiles, frames_traced, inductor_counters
 from coordinator._compat.distributed import default_c10d_store, extend_nccl_timeouts, has_nccl_process_group
 from coordinator._compat.fx_graph import (
@@ -201,6 +214,7 @@ __all__ = [
     "collective_switches_off",
     "complete_package",
     "compile_workers_without_redis",
+    "compiling_now",
     "count_triton_compiles",
     "cpu_kernels_resolved",
     "current_compile_id",
@@ -216,10 +230,12 @@ __all__ = [
     "in_aot_entry_load",
     "fx_graph_remote_value",
     "has_nccl_process_group",
+    "hit_saves_compile",
     "inductor_cache_dir",
     "inductor_counters",
     "is_skip",
     "kernel_autotune_cache",
+    "load_cache_artifacts",
     "on_compile_end",
     "precompile_unsupported",
     "precompiled_functions",

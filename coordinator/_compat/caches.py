@@ -78,15 +78,19 @@ class CacheKind:
     saved_by_its_compile: bool = False
     """Its entry is saved before the compile that missed it ends: a compile that ended
     without saving one bypassed the cache or failed (its trace span ends with it)."""
+    described_as: str = ""
+    """What a claim of it is for, in words (a waiting rank's lines), where the compile
+    running says no more (``compiling_now``); "" for its name."""
 
 
 _ALL = (
     CacheKind("fx_graph", "RemoteFxGraphCache", (("torch._inductor.config", "fx_graph_remote_cache"),),
               waits=WaitRule.ALWAYS, ships_kernels=True, triton_only=False, inductor_extends_timeout=True,
-              default=True, graphs=True, rank_checked=True, inside_aot_entries=True, saved_by_its_compile=True),
+              default=True, graphs=True, rank_checked=True, inside_aot_entries=True, saved_by_its_compile=True,
+              described_as="an FX graph"),
     CacheKind("autotune", "RemoteAutotuneCache", (("torch._inductor.config", "autotune_remote_cache"),),
               waits=WaitRule.TUNING_STEP, ships_kernels=False, triton_only=True, inductor_extends_timeout=False,
-              default=True),
+              default=True, described_as="a Triton kernel's autotune result"),
     # Opt-in: switching it on fails the second graph of a job on torch 2.11
     # (``AutotuneCacheBundler.begin_compile`` asserts on a bundler left over from the
     # previous graph), and per-kernel autotune entries already carry the same results.
@@ -119,6 +123,29 @@ def ships_kernels(kind: str) -> bool:
     from torch._functorch._aot_autograd.autograd_cache import should_bundle_autograd_cache
 
     return should_bundle_autograd_cache()
+
+
+def hit_saves_compile(kind: str) -> bool:
+    """Whether a hit of ``kind`` saves the compile time its entry records (the ``saved``
+    figure): an FX-graph entry's is its graph's Inductor compile. An AOTAutograd entry's
+    runs from the start of its lookup to the end of its graphs' compiles, so it holds
+    their FX-graph compiles (counted with the FX entries a hit then loads) and any wait
+    for them; it counts only while its entries hold their compiled graphs themselves
+    (bundled, as caching precompile makes them: a hit then loads no FX entry)."""
+    if CACHE_KINDS[kind].graphs:
+        return True
+    return kind == "aot_autograd" and ships_kernels(kind)
+
+
+def load_cache_artifacts(megacache: bytes) -> list[str]:
+    """Install Mega-Cache bytes into torch's caches (``torch.compiler.load_cache_artifacts``);
+    returns the keys of the FX graphs it wrote into Inductor's local cache (the
+    ``CacheInfo``'s ``inductor_artifacts``: the keys ``FxGraphCache._lookup_graph`` is
+    given)."""
+    import torch
+
+    info = torch.compiler.load_cache_artifacts(megacache)
+    return list(getattr(info, "inductor_artifacts", None) or []) if info is not None else []
 
 
 def routable_kinds(kinds: tuple[str, ...]) -> list[str]:

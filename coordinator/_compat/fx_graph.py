@@ -65,11 +65,12 @@ def _keep_locally(fx_cache: Any, key: str, remote_value: Any) -> None:
 
 @contextlib.contextmanager
 def fx_graph_lookups(
-    served: Callable[[str, Callable[[], bytes | None], list[str]], None] | None = None,
+    served: Callable[..., None] | None = None,
     keep_locally: Callable[[str], bool] | None = None,
 ) -> Iterator[None]:
     """Keep FX graphs from remote hits in Inductor's local cache, call
-    ``served(key, remote_value, kernel_files)`` (if given) after each FX-graph cache hit,
+    ``served(key, remote_value, kernel_files, local_key=, compile_s=)`` (if given) after
+    each FX-graph cache hit,
     and write a graph Inductor saves to its local cache only if ``keep_locally(key)``
     (if given; ``key`` is Inductor's own key, ``FxGraphCache._write_to_local_cache``).
 
@@ -83,8 +84,11 @@ def fx_graph_lookups(
     to both), else ``None``. ``kernel_files`` are the files Inductor's C++ builders made
     or found for the graph's kernels while it loaded (``_worker_compile_cpp`` targets:
     ``.o`` objects and ``.so`` libraries; none on GPU, where Triton kernels are inside
-    the entry). A ``SkipCompile`` the backend raises ends the lookup with it (Inductor
-    would log it and compile).
+    the entry). ``local_key`` is Inductor's own key of the graph
+    (``FxGraphCache._lookup_graph``'s, the one Mega-Cache names), ``compile_s`` the compile
+    time recorded with the entry (``CompiledFxGraph._time_taken_ns``; 0 if none). A
+    ``SkipCompile`` the backend raises ends the lookup with it (Inductor would log it and
+    compile).
     """
     from torch._inductor import codecache
 
@@ -129,7 +133,7 @@ def _worker_compile_cpp_patch(original_worker: Callable[..., None], recording: t
 
 
 def _lookup_graph_patch(fx_cache: Any, original_lookup: Any, recording: threading.local,
-                        served: Callable[[str, Callable[[], bytes | None], list[str]], None] | None,
+                        served: Callable[..., None] | None,
                         ) -> Callable[..., Any]:
     """``FxGraphCache._lookup_graph`` as :func:`fx_graph_lookups` wraps it."""
     parameters = list(inspect.signature(original_lookup.__func__).parameters)
@@ -161,7 +165,7 @@ def _lookup_graph_patch(fx_cache: Any, original_lookup: Any, recording: threadin
     return lookup_graph
 
 
-def _report_hit(served: Callable[[str, Callable[[], bytes | None], list[str]], None], fx_cache: Any, key: str,
+def _report_hit(served: Callable[..., None], fx_cache: Any, key: str,
                 graph: Any, remote_cache: Any, files: list[str]) -> None:
     """Tell ``served`` about a hit, under the key our backend sees: Inductor's Redis-style
     remote caches format it (``pt2:fx-graph-v1::<key>:c1``). Without a remote cache there
@@ -174,8 +178,9 @@ def _report_hit(served: Callable[[str, Callable[[], bytes | None], list[str]], N
         entry = _local_fx_entry(fx_cache, key)
         return None if entry is None else fx_graph_remote_value(entry, getattr(graph, "_time_taken_ns", None))
 
+    time_taken_ns = getattr(graph, "_time_taken_ns", None)
     try:
-        served(get_key(key), remote_value, files)
+        served(get_key(key), remote_value, files, local_key=key, compile_s=(time_taken_ns or 0) / 1e9)
     except Exception:  # the coordinator never fails a cache hit
         log.warning("compile_once: handling the FX cache hit for %s failed", key, exc_info=True)
 

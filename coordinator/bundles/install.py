@@ -12,29 +12,29 @@ from coordinator.bundles.format import Bundle
 from coordinator.bundles.keys import bundle_key
 from coordinator.bundles.transfer import fetch_bundle
 from coordinator.features.artifacts import AUTOTUNE_SUFFIXES, emit_kernels
-from coordinator.protocol.node import file_lock
+from coordinator.protocol.node import file_lock, record_bundled
 from coordinator.settings import Config
 
 
 def install_bundle(bundle: Bundle) -> dict:
     """Write a verified bundle into the local caches (temp file + rename, existing files
-    left alone; the Mega-Cache bytes to ``torch.compiler.load_cache_artifacts``); extend
-    NCCL timeouts.
+    left alone; the Mega-Cache bytes to ``torch.compiler.load_cache_artifacts``), noting
+    the FX graphs it installed (``coordinator.protocol.node.record_bundled``: a rank that
+    then finds one in its local cache counts the compile it saved); extend NCCL timeouts.
 
     Returns:
-        ``{"files_written", "megacache_bytes", "compile_time_s", "timeout_extension_s"}``.
+        ``{"files_written", "megacache_bytes", "graphs", "compile_time_s", "timeout_extension_s"}``.
     """
-    import torch
-
     cache_dir = _compat.inductor_cache_dir()
     written = emit_kernels(cache_dir, bundle.kernels)
     written += emit_kernels(cache_dir, bundle.autotune, AUTOTUNE_SUFFIXES)
-    if bundle.megacache:
-        torch.compiler.load_cache_artifacts(bundle.megacache)
+    graphs = _compat.load_cache_artifacts(bundle.megacache) if bundle.megacache else []
+    record_bundled(cache_dir, graphs)
     extension = _compat.extend_nccl_timeouts(bundle.compile_time_s)
     return {
         "files_written": written,
         "megacache_bytes": len(bundle.megacache),
+        "graphs": len(graphs),
         "compile_time_s": bundle.compile_time_s,
         "timeout_extension_s": extension,
     }

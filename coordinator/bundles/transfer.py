@@ -32,7 +32,7 @@ def save_bundle(
     Returns:
         The bundle's size in bytes.
     """
-    from coordinator.protocol.stores import open_store
+    from coordinator.protocol.stores import open_store, shown_url
 
     config, kernels = session_parts(config, kernels)
     if blob is None:
@@ -41,7 +41,8 @@ def save_bundle(
         raise ConfigError(f"max_bytes={max_bytes}: the bundle is {len(blob)} bytes, over this limit")
     store = open_store(bundle_url(url))
     store.set(bundle_key(name, secret=secret, config=config), blob, ttl=ttl)
-    log.info("saved a %.1f MB bundle as %s in %s", len(blob) / 1e6, name, store.name)
+    where = shown_url(url) if url == bundle_url(url) else f"{url} ({bundle_url(url)})"
+    log.info("saved a %.1f MB bundle as %r in %s", len(blob) / 1e6, name, where)
     return len(blob)
 
 
@@ -52,12 +53,12 @@ def fetch_bundle(url: str, *, name: str = "default", secret: str | bytes | None 
     Raises:
         FileNotFoundError: there is no such bundle for this environment.
     """
-    from coordinator.protocol.stores import open_store
+    from coordinator.protocol.stores import open_store, shown_url
 
     store = open_store(url)
     blob = store.get(bundle_key(name, secret=secret, config=config))
     if blob is None:
-        raise FileNotFoundError(f"no bundle {name!r} for environment {fingerprint()} in {store.name}")
+        raise FileNotFoundError(f"no bundle {name!r} for environment {fingerprint()} in {shown_url(url)}")
     return read_bundle(blob, secret=bundle_settings(secret, config=config)[0])
 
 
@@ -72,7 +73,7 @@ def copy_bundles(src_url: str, dst_url: str, *, secret: str | bytes | None = Non
     Returns:
         The keys published.
     """
-    from coordinator.protocol.stores import open_store
+    from coordinator.protocol.stores import open_store, shown_url
 
     src, dst = open_store(src_url), open_store(dst_url)
     published = []
@@ -88,7 +89,7 @@ def copy_bundles(src_url: str, dst_url: str, *, secret: str | bytes | None = Non
             if verify_with and key.split("/")[2] != secret_fingerprint(verify_with):
                 raise IntegrityError(f"its key {key} names another secret than the one it was verified with")
         except IntegrityError as exc:
-            log.warning("not publishing %s from %s: %s", key, src.name, exc)
+            log.warning("not publishing %s from %s: %s", key, shown_url(src_url), exc)
             continue
         dst.set(key, blob)
         published.append(key)

@@ -141,9 +141,11 @@ class Feature:
     # -- Inductor's local cache and AOTAutograd -------------------------------------------
 
     def served_locally(self, inductor_key: str, remote_value: Callable[[], bytes | None],
-                       kernel_paths: list[str]) -> None:
+                       kernel_paths: list[str], local_key: str = "", compile_s: float = 0.0) -> None:
         """Inductor served FX graph ``inductor_key`` from a cache (the local one unless the
-        store was asked); ``remote_value`` builds its entry as Inductor would publish it."""
+        store was asked); ``remote_value`` builds its entry as Inductor would publish it;
+        ``local_key`` is Inductor's own key of it, ``compile_s`` the compile time its entry
+        records."""
 
     def keeps_locally(self, local_key: str) -> bool:
         """Whether Inductor may write the FX graph of ``local_key`` to its local cache."""

@@ -167,7 +167,7 @@ class EarlyBackwards(Feature):
             outcome = "compiled" if claims else "skipped"
             if claims:
                 self.counts.compiled += 1
-                log.info("compile_once: compiled a backward graph early, while waiting (%.1fs)",
+                log.debug("compile_once: compiled a backward graph early, while waiting (%.1fs)",
                          time.monotonic() - started)
             else:  # loaded from this rank's own local cache: nothing to compile
                 self.counts.skipped += 1

@@ -1,11 +1,15 @@
-"""FX graphs a rank finds in its own local cache, shared with the ranks that lack them.
+"""FX graphs a rank finds in its own local cache: counted, and shared with the ranks that lack them.
 
 A rank whose own local cache already holds an FX graph never asks the store for it
-(Inductor reads its local cache first). Without more, such a warm rank (a restarted
-job, a reused node) leaves cold ranks compiling and reaches the first collective
-alone, where the collective's timeout can end the job. So when Inductor serves a graph
-from the local cache (``_compat.fx_graph_lookups`` reports it, with
-``share_local_hits`` on), :func:`share_local_hit` makes sure the store gets it:
+(Inductor reads its local cache first). Each such graph counts once as "local" in the
+rank's summary; one that a bundle installed (``coordinator.protocol.node.bundled``) also
+counts the compile time recorded with it as saved, as a graph loaded from the store does.
+
+Without more, such a warm rank (a restarted job, a reused node) leaves cold ranks
+compiling and reaches the first collective alone, where the collective's timeout can
+end the job. So when Inductor serves a graph from the local cache
+(``_compat.fx_graph_lookups`` reports it) and ``share_local_hits`` is on,
+:meth:`LocalHits.served_locally` makes sure the store gets it:
 
 * the store has it: nothing to do;
 * no rank has it: claim it and publish the local copy (with its CPU kernels), so that
@@ -23,8 +27,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from coordinator import _compat
 from coordinator.features.base import Context, Feature
 from coordinator.observe.trace import short_key
+from coordinator.protocol.node import bundled
 from coordinator.protocol.outcome import Outcome
 
 log = logging.getLogger(__name__)
@@ -46,7 +52,7 @@ class LocalHits(Feature):
         self._local: set[str] = set()
 
     def enabled(self, routed: frozenset[str]) -> bool:
-        return self.context.config.share_local_hits and KIND in routed
+        return KIND in routed  # counted always; shared with share_local_hits
 
     def asked(self, kind: str, inductor_key: str) -> None:
         # Not before the lookup ends: an early compile stopped by its lookup (SkipCompile)
@@ -66,21 +72,27 @@ class LocalHits(Feature):
         return True
 
     def served_locally(self, inductor_key: str, remote_value: Callable[[], bytes | None],
-                       kernel_paths: list[str]) -> None:
-        """Inductor served FX graph ``inductor_key``; if from this rank's local cache, share it.
+                       kernel_paths: list[str], local_key: str = "", compile_s: float = 0.0) -> None:
+        """Inductor served FX graph ``inductor_key``; if from this rank's local cache, count
+        it and share it.
 
         ``remote_value`` builds the entry as Inductor would publish it (``None``: several
         guarded entries are local and which one hit is unknown); ``kernel_paths`` are the C++
-        kernels the graph loaded.
+        kernels the graph loaded; ``local_key`` is Inductor's own key of the graph, and
+        ``compile_s`` the compile time recorded with its entry.
         """
-        if not self.first_local_hit(inductor_key):  # a remote hit, or shared already: nothing to do
+        if not self.first_local_hit(inductor_key):  # a remote hit, or counted already: nothing to do
             return
         context = self.context
         flight = context.flight()
-        if flight is None:
-            return
         key = context.store_key(KIND, inductor_key)
-        context.events.instant("local hit", key=short_key(key))
+        if local_key and bundled(_compat.inductor_cache_dir(), local_key):
+            context.events.instant("local hit", key=short_key(key), saved_s=round(compile_s, 3),
+                                   **{"from": "bundle"})
+        else:
+            context.events.instant("local hit", key=short_key(key))
+        if flight is None or not context.config.share_local_hits:
+            return
         result = flight.offer(key)
         if result.outcome != Outcome.CLAIMED:
             if result.waited_s >= 1.0:
@@ -98,4 +110,4 @@ class LocalHits(Feature):
         except BaseException:
             flight.abandon(key)
             raise
-        log.info("compile_once: shared FX graph %s from this rank's local cache (%d kernel files)", key, len(files))
+        log.debug("compile_once: shared FX graph %s from this rank's local cache (%d kernel files)", key, len(files))

@@ -221,7 +221,7 @@ class SplitShares(Feature):
             slots = self._slot_keys(frame)
             owners = deal(frame.costs(), world)
             mine = [index for index, owner in enumerate(owners) if owner == rank]
-            for index in self._claim(flight, [slots[i][0] for i in mine], mine):
+            for index in self._claim(flight, [slots[i][0] for i in mine], mine, len(frame)):
                 self._compile(flight, frame, index, *slots[index])
         except Exception:  # never fail the frame over a share: the chain compiles it all
             log.warning("compile_once: compiling this rank's share of a split frame failed", exc_info=True)
@@ -240,12 +240,14 @@ class SplitShares(Feature):
             self._slots[(id(frame), index)] = pair
         return keys
 
-    def _claim(self, flight: Singleflight, slots: list[str], indices: list[int]) -> list[int]:
-        """Claim ``slots`` (those of ``indices``); returns the indices claimed."""
+    def _claim(self, flight: Singleflight, slots: list[str], indices: list[int], parts: int) -> list[int]:
+        """Claim ``slots`` (those of ``indices``, of a frame of ``parts`` submodules); returns
+        the indices claimed. Each claim says which part it compiles, for the chains that wait on it."""
         claimed = []
         with flight.no_waits():
             for slot, index in zip(slots, indices, strict=True):
-                if flight.lookup(slot, blocking=True).outcome == Outcome.CLAIMED:
+                what = _compat.compiling_now(part=(index, parts))
+                if flight.lookup(slot, blocking=True, what=what).outcome == Outcome.CLAIMED:
                     claimed.append(index)
                 else:
                     self.counts.skipped += 1

@@ -34,8 +34,10 @@ codes and signal handling are torchrun's own. Before the workers start it:
 torchrun's own help.
 
 Each worker shows the ``coordinator`` logger's lines (its summary at exit, who it waits
-for) at ``--coordinator-log-level`` (default ``INFO``), whether or not the training
-script configures logging; see ``coordinator.observe.logs``.
+for) at ``--coordinator-log-level`` (default ``INFO``), on stderr after its rank
+(``[rank0]:coordinator: ...``) unless the training script configures logging, whose
+handlers then get them; so does ``coordinator-run`` itself (what it restored), with no
+rank. See ``coordinator.observe.logs``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import sys
 from coordinator import _compat
 from coordinator.errors import ConfigError
 from coordinator.observe.logs import show_coordinator_logs
+from coordinator.protocol.stores import shown_url
 from coordinator.settings import Config, JobSettings, descriptions, variable
 
 log = logging.getLogger(__name__)
@@ -145,7 +148,7 @@ def help_text() -> str:
     ]
     for flag, (setting, metavar) in _OPTION_SETTINGS.items():
         lines += [f"  {flag + ' ' + metavar:<36}{OPTIONS[flag]}", f"      {meanings[setting]}"]
-    lines += ["", "Other settings the workers read (compile_once arguments; README.md, \"Configuration\"):"]
+    lines += ["", "Other settings the workers read (compile_once arguments; docs/settings.md):"]
     for name, meaning in descriptions(Config).items():
         if variable(name) not in OPTIONS.values():
             lines += [f"  {variable(name)}", f"      {meaning}"]
@@ -224,11 +227,11 @@ def restore(url: str, name: str) -> None:
         from coordinator.bundles import load_bundle
 
         result = load_bundle(url, name=name)
-        log.warning("coordinator-run: bundle %r from %s: %s", name, url, result)
+        log.info("coordinator-run: bundle %r from %s: %s", name, shown_url(url), result)
     except FileNotFoundError as exc:
         log.warning("coordinator-run: no bundle to restore yet (%s)", exc)
     except Exception as exc:  # an unreachable store or a refused bundle: compile as usual
-        log.warning("coordinator-run: could not restore bundle %r from %s: %s", name, url, exc)
+        log.warning("coordinator-run: could not restore bundle %r from %s: %s", name, shown_url(url), exc)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -243,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         check_settings({**os.environ, **settings}, settings)
     except ConfigError as exc:
         raise SystemExit(f"coordinator-run: {exc}") from None
-    show_coordinator_logs(logging.WARNING, prefix="")
+    show_coordinator_logs(JobSettings.resolve({**os.environ, **settings}, names=("log_level",)).log_level, prefix="")
     import torch
 
     virtual = one_gpu_per_worker(workers_per_node(torchrun_args), torch.cuda.device_count())
@@ -257,4 +260,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as ``python -m coordinator.jobs.launcher``: through the module under its own name,
+    # whose logger is the coordinator's (this copy's is ``__main__``).
+    from coordinator.jobs.launcher import main as launcher_main
+
+    launcher_main()

@@ -9,9 +9,8 @@ a file cut short by a killed rank is read up to its last whole event) and writes
 * ``job.png`` and ``job.svg``: a bar per rank through time, coloured by what the rank was
   doing for the coordinator (compiling, compiling its share of a split frame, waiting on
   another rank, loading, compiling backward graphs early), with a mark where each optimizer
-  step ended. Drawing needs
-  matplotlib (``pip install 'coordinator[plot]'``); without it the trace and the table
-  are still written.
+  step ended. Drawing needs matplotlib (``pip install "torch-compile-coordinator[plot]"``);
+  without it the trace and the table are still written.
 
 It returns (and the command prints) a table per rank, with a legend: graphs compiled,
 received, found locally, waits, time saved, bytes, rejections, counted from the rank's
@@ -90,7 +89,8 @@ LEGEND = {
     "local": "FX graphs it found in its own Inductor cache dir (a warm rank, or local ranks sharing the dir)",
     "waits": "waits on another process's work: a compile (on the store), or a local rank's fetch (node lock)",
     "waited_s": "seconds in those waits (work done meanwhile, such as early backward compiles, not counted)",
-    "saved_s": "compile seconds the received entries cost the ranks that compiled them",
+    "saved_s": "compile seconds this rank did not spend: those recorded with the graphs it loaded (store, "
+               "node copy, bundle)",
     "MB_in": "MB fetched from the store (reads of this node's copy not counted)",
     "MB_out": "MB this rank published to the store",
     "rejected": "values that failed verification (checksum, signature, key)",
@@ -274,5 +274,6 @@ def write_report(trace_dir: Path, *, picture: bool = True) -> Report:
         if draw(traces, pictures):
             written += pictures
         else:
-            report.notes.append("no picture: matplotlib is not installed (pip install 'coordinator[plot]')")
+            report.notes.append("no picture: matplotlib is not installed "
+                                '(pip install "torch-compile-coordinator[plot]")')
     return report

@@ -15,7 +15,12 @@ holds. So the summary and the report agree, and say:
   whose local ranks share the dir), of which "shared" were published from there;
 * waits, waited: waits on another process's work (a compile on the store, a local rank's
   fetch on the node's lock), and their seconds; not the work a rank does meanwhile;
-* saved: the compile time the received entries cost the ranks that compiled them;
+* saved: the compile time this rank did not spend: the compile time recorded with each
+  FX graph it loaded instead of compiling (from the store, this node's copy, or a bundle
+  installed into its local cache), each graph once; never more than the sum of those
+  entries' compile times. Graphs found in the local cache that no bundle put there, and
+  AOTAutograd entries (whose recorded time holds their FX graphs' compiles and the waits
+  for them: ``_compat.hit_saves_compile``), add nothing;
 * MB in: bytes fetched from the store (values read again from this node's copy, a graph
   that repeats or one a local rank fetched, are counted apart as ``bytes_from_node``);
   MB out: bytes published;
@@ -116,6 +121,7 @@ class Stats:
                 self.kernels_received += args.get("kernels", 0)
             elif name == "local hit" and kind == "fx_graph":
                 self.local_hits += 1
+                self.compile_time_saved_s += args.get("saved_s", 0.0)
             elif name == "wait":
                 self.waits += 1
                 self.waited_s += event.get("dur", 0.0) / 1e6

@@ -31,8 +31,10 @@ wait               X      key, owner (a rank) and ended (received, took over, ow
                           timed out) for a wait on the store; via "node lock" and ended
                           (received: the node's copy, or asked the store) for a wait on
                           another process of this node that was fetching it
-receive            X      key, bytes, from (store or node), saved_s, kernels: the lookup
-local hit          i      key: a graph this rank found in its own local cache
+receive            X      key, bytes, from (store or node), saved_s (the compile time its
+                          entry records, where it counts: ``Stats``), kernels: the lookup
+local hit          i      key: a graph this rank found in its own local cache; from
+                          ("bundle") and saved_s where a bundle installed it there
 rejected           i      key, why
 early backward     X      outcome (compiled, skipped, failed)
 share              X      key (the slot, ``split_share/<digest>``), index, outcome (compiled,

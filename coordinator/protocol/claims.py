@@ -3,6 +3,11 @@
 A claim is ``c/<at>/<gen>`` (created atomically), with its heartbeat ``h/<at>/<gen>``
 and its signals ``w/<at>/<gen>/<n>``: ``at`` is the key, or its redo name
 (``coordinator.protocol.singleflight`` describes the protocol).
+
+A claim's record is a msgpack map (:func:`claim_record` reads it): ``rank``, ``host`` and
+``pid`` of its claimant, ``t`` the time it was taken, and ``what``: what the claimant
+computes, in words (``"backward graph 1 of 'forward' (compile 0/0)"``), which a waiting
+rank's lines name. Records of earlier versions are a list ``[rank, host, pid, t]``.
 """
 
 from __future__ import annotations
@@ -54,11 +59,22 @@ class Owner:
         """The owner a claim's record names (``None``: no record)."""
         if record is None:
             return None
-        rank, host, pid, _ = msgpack.unpackb(record)
-        return cls(rank, host, pid)
+        fields = claim_record(record)
+        return cls(fields["rank"], fields["host"], fields["pid"])
 
     def __str__(self) -> str:
         return f"rank {self.rank} on {self.host} (pid {self.pid})"
+
+
+def claim_record(record: bytes) -> dict:
+    """A claim's record as a map: ``rank``, ``host``, ``pid``, ``t`` and, where the claimant
+    wrote it, ``what`` (see the module); a record in the list form of earlier versions
+    gives the first four."""
+    fields = msgpack.unpackb(record)
+    if isinstance(fields, (list, tuple)):
+        rank, host, pid, t = fields[:4]
+        return {"rank": rank, "host": host, "pid": pid, "t": t}
+    return fields
 
 
 @dataclasses.dataclass(slots=True)
@@ -131,9 +147,13 @@ class Claims:
                 return None
             return self.held.pop(key)
 
-    def take(self, key: str, gen: int, at: str) -> bool:
-        """Create claim ``c/<at>/<gen>`` for ``key``."""
-        record = msgpack.packb([self.owner.rank, self.owner.host, self.owner.pid, time.time()])
+    def take(self, key: str, gen: int, at: str, what: str = "") -> bool:
+        """Create claim ``c/<at>/<gen>`` for ``key``; ``what`` says what this process
+        computes for it, in words."""
+        fields = {"rank": self.owner.rank, "host": self.owner.host, "pid": self.owner.pid, "t": time.time()}
+        if what:
+            fields["what"] = what
+        record = msgpack.packb(fields)
         if not self.store.add_if_absent(f"c/{at}/{gen}", record, ttl=_CLAIM_TTL):
             return False
         with self.lock:

@@ -11,6 +11,12 @@ work, as one on the store is: it is an event (``wait``, via ``node lock``), from
 moment the lock was found taken, or the end of the work the rank did meanwhile, until
 the lock is free.
 
+A bundle (``coordinator.bundles``) installs FX graphs into the node's Inductor cache dir,
+where a rank then finds them as its own: :func:`record_bundled` notes each one's key in
+``<cache dir>/coordinator/bundled`` (one empty file per graph) and :func:`bundled` tells a
+rank that finds a graph in its local cache whether a bundle put it there (so that what
+it saved counts: ``coordinator.features.local_hits``).
+
 Every node-wide lock of the coordinator goes through :func:`file_lock`: the per-key
 locks above, a bundle's install (``coordinator.bundles``) and the :class:`DeviceLock`
 that lets one early backward compile run per device (``coordinator.features.early_backward``).
@@ -82,6 +88,25 @@ def _try_flock(f, deadline: float, while_waiting: Callable[[], bool] | None,
                 continue
             time.sleep(delay)
             delay = min(delay * 1.5, 0.2)
+
+
+def _bundled_path(cache_dir: str, local_key: str) -> str:
+    return os.path.join(cache_dir, "coordinator", "bundled", hashlib.sha256(local_key.encode()).hexdigest()[:40])
+
+
+def record_bundled(cache_dir: str, local_keys: list[str]) -> None:
+    """Note that a bundle installed the FX graphs of ``local_keys`` (Inductor's own keys)
+    into the Inductor cache dir ``cache_dir``."""
+    for key in local_keys:
+        path = _bundled_path(cache_dir, key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb"):
+            pass
+
+
+def bundled(cache_dir: str, local_key: str) -> bool:
+    """Whether a bundle installed the FX graph of ``local_key`` into ``cache_dir``."""
+    return os.path.exists(_bundled_path(cache_dir, local_key))
 
 
 class DeviceLock:

@@ -41,7 +41,9 @@ right after ``v/<key>``, before anything else the publish does.
 A waiter judges a lapsed lease at a random point of the lease's first tenth
 beyond it, and whoever takes the claim over signals "moved" on the old claim: the
 waiters of a dead claimant follow the taker at once instead of all timing out together.
-Waiters log a progress line every ``progress_interval``. Liveness is judged by each
+Waiters log a progress line after ``progress_interval`` of waiting and then less and less
+often (``coordinator.protocol.waiting``), naming the claimant and what it computes, as its
+claim's record says. Liveness is judged by each
 waiter's own monotonic clock watching the heartbeat change, so no clock
 synchronization between hosts is needed.
 
@@ -134,9 +136,14 @@ class Singleflight:
         progress_interval: timedelta,
         signalled_waits: bool = True,
         events: NoEvents = NO_EVENTS,
+        describe: Callable[[str], str] | None = None,
         writer: BackgroundWriter | None = None,
     ) -> None:
         self.store = store
+        #: ``describe(key)``: what this process computes for ``key``, in words, for the
+        #: record of a claim it takes (``coordinator.protocol.claims``), unless the lookup
+        #: says (``what=``).
+        self._describe = describe
         #: Where :meth:`publish_behind` writes run (``None``: in the caller's thread).
         self.writer = writer
         self.events = events
@@ -196,27 +203,29 @@ class Singleflight:
     # -- the protocol --------------------------------------------------------------------
 
     def lookup(self, key: str, *, blocking: bool, before_waiting: Callable[[], bool] | None = None,
-               rejected: bytes | None = None) -> LookupResult:
+               rejected: bytes | None = None, what: str | None = None) -> LookupResult:
         """Find ``key``'s value; see the module docstring for what happens on a miss.
         Before a wait, ``before_waiting`` (if given) is called until it returns False
         or the value is published. ``rejected``: a value of ``key`` the caller refused,
-        which counts as missing (one rank claims the key again, the others wait)."""
+        which counts as missing (one rank claims the key again, the others wait).
+        ``what``: what this process computes for ``key``, for a claim's record (default:
+        ``describe(key)``)."""
         if not self.available:
             return LookupResult(None, Outcome.UNAVAILABLE)
         try:
-            return self._lookup(key, blocking, before_waiting, rejected)
+            return self._lookup(key, blocking, before_waiting, rejected, what)
         except StoreError as exc:
             self._fail(exc)
             return LookupResult(None, Outcome.UNAVAILABLE)
 
     def _lookup(self, key: str, blocking: bool, before_waiting: Callable[[], bool] | None = None,
-                rejected: bytes | None = None) -> LookupResult:
+                rejected: bytes | None = None, what: str | None = None) -> LookupResult:
         value = self._waiter.published(f"v/{key}", rejected)
         if value is not None:
             return LookupResult(value, Outcome.HIT)
         if not blocking:
             return LookupResult(None, Outcome.NONBLOCKING)
-        return self._claim_or_wait(key, f"v/{key}", before_waiting, rejected)
+        return self._claim_or_wait(key, f"v/{key}", before_waiting, rejected, what)
 
     def follow(self, key: str, *, grace_s: float = 0.0) -> LookupResult:
         """Wait for ``key``'s value while another process holds a claim on it, never
@@ -258,7 +267,7 @@ class Singleflight:
         self.events.span("wait", wait_began, key=short_key(key), owner=owner_rank, ended=WAIT_ENDINGS[outcome])
         return LookupResult(value, outcome, time.monotonic() - started)
 
-    def offer(self, key: str) -> LookupResult:
+    def offer(self, key: str, what: str | None = None) -> LookupResult:
         """For a value this process already holds: make sure the store gets it, or wait
         for the rank computing it.
 
@@ -273,25 +282,28 @@ class Singleflight:
         try:
             if self.store.get(f"d/{key}") is not None:
                 return LookupResult(None, Outcome.HIT)
-            result = self._claim_or_wait(key, f"d/{key}")
+            result = self._claim_or_wait(key, f"d/{key}", what=what)
         except StoreError as exc:
             self._fail(exc)
             return LookupResult(None, Outcome.UNAVAILABLE)
         return LookupResult(None, result.outcome, result.waited_s)
 
     def _claim_or_wait(self, key: str, published: str, before_waiting: Callable[[], bool] | None = None,
-                       rejected: bytes | None = None) -> LookupResult:
+                       rejected: bytes | None = None, what: str | None = None) -> LookupResult:
         """Claim ``key``, or wait while another process holds it until store key
         ``published`` appears (returning its value), the claim is abandoned or expires
         (then try to claim the next generation), or the deadline passes. With
         ``rejected``, that value of ``published`` counts as absent, and the claim is the
-        key's redo claim for it."""
+        key's redo claim for it. ``what`` goes into the claim's record (default:
+        ``describe(key)``)."""
         may_wait = self._may_wait()
         at = key if rejected is None else f"{key}/redo-{hashlib.sha256(rejected).hexdigest()[:16]}"
+        if what is None:
+            what = self._describe(key) if self._describe is not None else ""
         started = time.monotonic()
         gen = 0
         while True:
-            if self._claims.take(key, gen, at):
+            if self._claims.take(key, gen, at, what):
                 # Re-check: the value may have been published (and its claim deleted)
                 # between our first read and the claim.
                 value = self._waiter.published(published, rejected)

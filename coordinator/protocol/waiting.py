@@ -1,14 +1,29 @@
 """A singleflight waiter: the one wait loop on a claimant's signals, and the one judgement
-of lease, deadline and progress (``coordinator.protocol.singleflight`` describes the protocol)."""
+of lease, deadline and progress (``coordinator.protocol.singleflight`` describes the protocol).
+
+A waiting rank logs what a person can place: the claimant (rank, host, pid), what it
+computes (the description its claim's record carries, ``coordinator.protocol.claims``:
+the graph, its function, the split frame's part, Dynamo's compile id), how long this rank
+has waited, and the key as the trace names it (one line; wrapped here)::
+
+    waiting on rank 0 on node-a (pid 4242) for backward graph 1 of 'GPT.forward' (compile 0/0)
+    (fx_graph/9f2c...): 30s so far, last heartbeat 2.1s ago
+
+The lines back off: with ``progress_interval`` P (default 10 s) they come after P, 3P and
+6P of waiting, then every 6P (10 s, 30 s, 60 s, then every minute), counted from the start
+of the lookup, so that a takeover does not start the series again.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import random
 import time
 
-from coordinator.protocol.claims import ABANDONED, BEAT, MOVED, PUBLISHED, VALUE, Owner, beats_of
+from coordinator.observe.trace import short_key
+from coordinator.protocol.claims import ABANDONED, BEAT, MOVED, PUBLISHED, VALUE, Owner, beats_of, claim_record
 from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.stores.base import PollingWatch, Store
 
@@ -40,34 +55,48 @@ class Waiter:
         the last call of a wait; elsewhere it polls the next signal's slot. Returns the
         outcome, the value (if it came with the end signal) and the claimant's rank.
         ``at`` names the claim (the key, or its redo name)."""
-        owner = Owner.of_claim(self.store.get(f"c/{at}/{gen}"))
-        ended, value = self._wait_on(at, gen, started, published, str(owner or "unknown owner"), rejected)
+        raw = self.store.get(f"c/{at}/{gen}")
+        owner = Owner.of_claim(raw)
+        what = claim_record(raw).get("what") if raw is not None else None
+        key = short_key(at.split("/redo-", 1)[0])  # a redo claim's key
+        claimant = _Claimant(str(owner or "an unknown rank"), f"{what or 'its key'} ({key})")
+        ended, value = self._wait_on(at, gen, started, published, claimant, rejected)
         return ended, value, owner.rank if owner is not None else None
 
-    def _judge(self, key: str, owner: str, started: float, last_change: float, next_progress: float,
+    def progress_due(self, waited_s: float) -> float:
+        """When the next progress line is due, in seconds of waiting, after ``waited_s``:
+        the first of P, 3P, 6P, 12P, 18P, ... (P: ``progress_interval``) past it."""
+        interval = self.progress_interval
+        for multiple in (1, 3, 6):
+            if waited_s < multiple * interval:
+                return multiple * interval
+        step = 6 * interval
+        return (int(waited_s // step) + 1) * step
+
+    def _judge(self, claimant: _Claimant, started: float, last_change: float, next_progress: float,
                now: float, lease: float) -> tuple[Outcome | None, float]:
         """How a wait that has seen no value ends now ("expired": no heartbeat for a lease;
         "deadline"), or ``None``; logs the progress line when due. Returns the outcome and
         when the next progress line is due."""
         if now - last_change > lease:
             log.warning("lease of %s on %s expired (no heartbeat for %.1fs); taking over",
-                        owner, key, now - last_change)
+                        claimant.owner, claimant.what, now - last_change)
             return Outcome.EXPIRED, next_progress
         if now - started > self.wait_timeout:
-            log.warning("waited %.0fs for %s held by %s, past the %.0fs deadline; compiling locally",
-                        now - started, key, owner, self.wait_timeout)
+            log.warning("waited %.0fs on %s for %s, past the %.0fs deadline; compiling locally",
+                        now - started, claimant.owner, claimant.what, self.wait_timeout)
             return Outcome.DEADLINE, next_progress
         if now >= next_progress:
-            log.info("waiting for %s: held by %s, waited %.0fs, last heartbeat %.1fs ago",
-                     key, owner, now - started, now - last_change)
-            next_progress = now + self.progress_interval
+            log.info("waiting on %s for %s: %s so far, last heartbeat %.1fs ago",
+                     claimant.owner, claimant.what, _seconds(now - started), now - last_change)
+            next_progress = started + self.progress_due(now - started)
         return None, next_progress
 
-    def _wait_on(self, key: str, gen: int, started: float, published: str, owner: str,
+    def _wait_on(self, key: str, gen: int, started: float, published: str, claimant: _Claimant,
                  rejected: bytes | None) -> tuple[Outcome, bytes | None]:
         beats = beats_of(self.store, key, gen)
         last_change = time.monotonic()
-        next_progress = last_change + self.progress_interval
+        next_progress = started + self.progress_due(last_change - started)
         check = True
         wants_value = published.startswith("v/")
         # Waiters of a dead claimant judge it at different moments: the first takes over
@@ -82,11 +111,10 @@ class Waiter:
                     if value is not None:
                         return Outcome.WAITED, value
                     if self.store.get(f"a/{key}/{gen}") is not None:
-                        return self._abandoned(key, owner)
+                        return self._abandoned(claimant)
                     check = False
                 now = time.monotonic()
-                ended, next_progress = self._judge(key, owner, started, last_change, next_progress, now,
-                                                   lease=lease)
+                ended, next_progress = self._judge(claimant, started, last_change, next_progress, now, lease=lease)
                 if ended:
                     return ended, None
                 # No timeout for the progress line: a live claimant signals every lease/4,
@@ -103,9 +131,10 @@ class Waiter:
                 if signal.startswith(VALUE):
                     return Outcome.WAITED, signal[len(VALUE):]
                 if signal == ABANDONED:
-                    return self._abandoned(key, owner)
+                    return self._abandoned(claimant)
                 if signal == MOVED:
-                    log.info("%s on %s was taken over; following the new claimant", owner, key)
+                    log.info("the claim of %s on %s was taken over; following the new claimant",
+                             claimant.owner, claimant.what)
                     return Outcome.EXPIRED, None
                 if signal == PUBLISHED and not wants_value:
                     return Outcome.WAITED, None  # an offer: the value is published, d/ follows it
@@ -114,6 +143,19 @@ class Waiter:
                 check = True
 
     @staticmethod
-    def _abandoned(key: str, owner: str) -> tuple[Outcome, None]:
-        log.info("%s gave up on %s without publishing; compiling locally", owner, key)
+    def _abandoned(claimant: _Claimant) -> tuple[Outcome, None]:
+        log.info("%s gave up on %s without publishing; compiling locally", claimant.owner, claimant.what)
         return Outcome.ABANDONED, None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Claimant:
+    """A claim's owner and what it computes, as the lines of a wait name them."""
+
+    owner: str
+    what: str
+
+
+def _seconds(seconds: float) -> str:
+    """A wait's length as its lines show it: tenths under 10 s, whole seconds above."""
+    return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"

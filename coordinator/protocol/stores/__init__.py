@@ -15,7 +15,7 @@ from coordinator.errors import ConfigError, StoreError
 from coordinator.protocol.stores.base import Store
 from coordinator.settings import STORE_SCHEMES, check_store_url
 
-__all__ = ["Store", "check_store_url", "open_store"]
+__all__ = ["Store", "check_store_url", "open_store", "shown_url"]
 
 
 def _open_redis(url: str, chunk_bytes: int) -> Store:
@@ -34,6 +34,22 @@ def _open_file(url: str, chunk_bytes: int) -> Store:
 _URL_SCHEMES = {"redis": _open_redis, "rediss": _open_redis, "file": _open_file}
 assert sorted(_URL_SCHEMES) == sorted(STORE_SCHEMES)
 
+
+def shown_url(url: str) -> str:
+    """A store URL as a message shows it: as given, its password (if any) replaced by ``***``."""
+    try:
+        parsed = urlparse(url)
+        password = parsed.password
+    except ValueError:
+        return url
+    if not password:
+        return url
+    user = parsed.username or ""
+    host = parsed.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parsed.port}" if parsed.port is not None else ""
+    return parsed._replace(netloc=f"{user}:***@{host}{port}").geturl()
 
 
 def open_store(spec: Any = None, *, chunk_bytes: int = 64 * 1024 * 1024) -> Store:
