@@ -240,6 +240,8 @@ def _report_command(args: argparse.Namespace) -> int:
     print(report.table())
     print("columns:")
     print(report.legend())
+    if report.frames:
+        print(report.frame_table())
     for warning in report.warnings:
         print(f"warning: {warning}")
     for note in report.notes:

@@ -81,7 +81,9 @@ def test_a_recompile_shares_every_graph_as_on_a_gpu_with_torch_2_11(job, tmp_pat
     options = {**OPTIONS, "model": "positions", "tag_static_inputs": True, "int_sizes": True}
     stock = job(1, {**options, "coordinator": False}, name="stock")
     require_success(stock)
-    ours = job(2, {**options, "store": f"file://{tmp_path / 'store'}"}, name="ours")
+    trace = tmp_path / "trace"
+    ours = job(2, {**options, "store": f"file://{tmp_path / 'store'}"}, name="ours",
+               env={"COORDINATOR_TRACE": str(trace)})
     require_success(ours)
     graphs = split_graphs(ours[0])
     frames = ours[0].report["split_graphs"]["frames"]
@@ -93,6 +95,18 @@ def test_a_recompile_shares_every_graph_as_on_a_gpu_with_torch_2_11(job, tmp_pat
     for mine in ours:
         assert mine.report["split_graphs"]["submod_inputs"] == stock[0].report["split_graphs"]["submod_inputs"]
         assert mine.report["losses"] == stock[0].report["losses"]
+    # Per frame, in each rank's counts and in the job's report: every submodule compiled
+    # once for the job, and served to every rank's chain.
+    sizes = [len(frame["hits"]) for frame in frames]
+    for r in ours:
+        assert [(f["graphs"], f["served"], f["missed"]) for f in shares(r)["frames"]] == [(n, n, 0) for n in sizes]
+    assert [sum(r_frames) for r_frames in zip(*([f["compiled"] for f in shares(r)["frames"]] for r in ours),
+                                                strict=True)] == sizes
+    from coordinator.observe.report import write_report
+
+    report = write_report(trace, picture=False)
+    assert [(f.frame, f.graphs, f.compiled, f.served, f.missed) for f in report.frames] == \
+        [(n, size, size, 2 * size, 0) for n, size in enumerate(sizes)], report.frame_table()
 
 
 def test_an_input_the_propagation_gets_wrong_is_a_miss_compiled_in_the_chain(job, tmp_path):

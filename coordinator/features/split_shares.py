@@ -53,6 +53,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -67,6 +68,21 @@ log = logging.getLogger(__name__)
 #: How long the chain looks for the claim of a slot that nobody holds yet (its owner may
 #: still be tracing the frame) before it compiles the submodule itself.
 CLAIM_GRACE_S = 5.0
+
+
+@dataclasses.dataclass
+class FrameCounts:
+    """One split frame, as this rank saw it (frames numbered in the order this process
+    split them, the same on every rank that runs the same steps)."""
+
+    #: Its submodules (split graphs).
+    graphs: int = 0
+    #: Submodules of it this rank compiled for the job.
+    compiled: int = 0
+    #: Submodules this rank's chain found in the store (at once, or after waiting).
+    served: int = 0
+    #: Submodules this rank's chain compiled itself.
+    missed: int = 0
 
 
 @dataclasses.dataclass
@@ -87,12 +103,17 @@ class SplitShareCounts:
     #: Submodules the chain found no entry for after their slot ended: a propagated
     #: input that differed from the chain's, or an owner that gave up or died.
     missed: int = 0
+    #: Each split frame's counts, in the order this process split them.
+    frames: list[FrameCounts] = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
         if not (self.compiled or self.skipped or self.failed or self.waited or self.missed):
             return ""
+        frames = ", ".join(f"#{n} {f.graphs} graphs: {f.compiled} compiled here, {f.served} served, {f.missed} missed"
+                           for n, f in enumerate(self.frames))
         return (f"split graphs compiled for the job: {self.compiled} ({self.seconds:.1f}s), {self.skipped} skipped, "
-                f"{self.failed} failed; waited for {self.waited}, {self.missed} compiled in the chain")
+                f"{self.failed} failed; waited for {self.waited}, {self.missed} compiled in the chain"
+                + (f"; per frame in the chain: {frames}" if frames else ""))
 
 
 def deal(costs: list[int], world: int) -> list[int]:
@@ -159,6 +180,8 @@ class SplitShares(Feature):
         self._running = threading.local()
         #: (id of a split frame, index) -> (its slot's key, its "done" mark's key).
         self._slots: dict[tuple[int, int], tuple[str, str]] = {}
+        #: A split frame -> its number (the order this process split them in).
+        self._numbers: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.counts = SplitShareCounts()
 
     def compiling(self) -> bool:
@@ -179,30 +202,39 @@ class SplitShares(Feature):
 
     def looked_up(self, flight: Singleflight, kind: str, key: str, result: LookupResult,
                   rejected: bytes | None) -> LookupResult:
-        if result.value is not None:
-            return result
-        if kind == "fx_graph" and result.outcome != Outcome.CLAIMED and self.compiling():
+        if kind == "fx_graph" and result.value is None and result.outcome != Outcome.CLAIMED and self.compiling():
             # A share waits on nothing: a graph another rank is compiling leaves this
             # submodule to the chain.
             raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
-        if kind == "aot_autograd" and rejected is None:
-            return self._follow_share(flight, kind, key, result)
+        if kind != "aot_autograd" or rejected is not None:
+            return result
+        position = _compat.chain_position()
+        if position is None or position[0] not in self._numbers:
+            return result
+        if result.value is None:
+            result = self._follow_share(flight, kind, key, result, position)
+        self._chain_looked_up(key, position, served=result.value is not None)
         return result
 
-    def _follow_share(self, flight: Singleflight, kind: str, key: str, result: LookupResult) -> LookupResult:
+    def _follow_share(self, flight: Singleflight, kind: str, key: str, result: LookupResult,
+                      position: tuple[Any, int]) -> LookupResult:
         """A split frame's chain found no AOTAutograd entry: wait while another rank
         compiles that submodule for the job, then look again."""
-        position = _compat.chain_position()
-        if position is None:
-            return result
-        again = self.follow(flight, position)
-        if again is None:
-            return result
-        if again:
+        if self.follow(flight, position):
             result = self.context.lookup(flight, kind, key)
-        if result.value is None:
-            self.chain_missed()
         return result
+
+    def _chain_looked_up(self, key: str, position: tuple[Any, int], *, served: bool) -> None:
+        """Count the chain's lookup of a split frame's submodule, per frame."""
+        number = self._numbers[position[0]]
+        frame = self.counts.frames[number]
+        if served:
+            frame.served += 1
+        else:
+            frame.missed += 1
+            self.counts.missed += 1
+        self._events.instant("chain", key=short_key(key), frame=number, index=position[1],
+                             outcome="served" if served else "missed")
 
     def backward_deferred(self, backward: Any) -> bool:
         """A share's own backward is compiled with it."""
@@ -212,6 +244,8 @@ class SplitShares(Feature):
 
     def before_chain(self, frame: Any) -> None:
         """Called with a frame DDPOptimizer just split: compile this rank's share of it."""
+        self._numbers[frame] = len(self.counts.frames)
+        self.counts.frames.append(FrameCounts(graphs=len(frame)))
         flight = self._flight()
         rank, world = job_ranks()
         if flight is None or world < 2:
@@ -275,7 +309,10 @@ class SplitShares(Feature):
         finally:
             self._running.share = False
         setattr(self.counts, outcome, getattr(self.counts, outcome) + 1)
-        self._events.span("share", began, key=short_key(slot), index=index, outcome=outcome)
+        number = self._numbers[frame]
+        if outcome == "compiled":
+            self.counts.frames[number].compiled += 1
+        self._events.span("share", began, key=short_key(slot), frame=number, index=index, outcome=outcome)
         if outcome == "compiled":
             # Behind its entries, which the writer publishes first: a follower woken by
             # the slot finds them.
@@ -310,7 +347,3 @@ class SplitShares(Feature):
                          result.outcome, result.outcome))
         return False
 
-    def chain_missed(self) -> None:
-        """The chain compiles a submodule of a split frame itself: its slot ended without
-        an entry under the chain's key."""
-        self.counts.missed += 1

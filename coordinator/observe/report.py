@@ -15,7 +15,9 @@ a file cut short by a killed rank is read up to its last whole event) and writes
 It returns (and the command prints) a table per rank, with a legend: graphs compiled,
 received, found locally, waits, time saved, bytes, rejections, counted from the rank's
 events by the same function the rank's own summary counts them with (``Stats.count``), so
-the two agree. And warnings: ranks that compiled or received different sets of FX graphs
+the two agree; where DDPOptimizer split frames, a table per frame (its graphs, the shares
+compiled for the job, and how many of the chains' lookups were served and missed, over all
+ranks). And warnings: ranks that compiled or received different sets of FX graphs
 (a rank that compiles a graph its peers never need usually took another path through the
 model, the usual cause of a collective that hangs), and waits on a rank that never
 compiled or published the graph.
@@ -60,11 +62,37 @@ class RankRow:
 
 
 @dataclasses.dataclass
+class FrameRow:
+    """One split frame of the job, over its ranks (``coordinator.features.split_shares``)."""
+
+    frame: int
+    #: Its submodules (the most any rank's chain looked up).
+    graphs: int = 0
+    #: Submodules compiled for the job (shares), over all ranks.
+    compiled: int = 0
+    #: Chain lookups that found the entry, over all ranks.
+    served: int = 0
+    #: Chain lookups that compiled the submodule instead, over all ranks.
+    missed: int = 0
+
+
+@dataclasses.dataclass
 class Report:
     rows: list[RankRow]
     warnings: list[str]
     written: list[Path]
     notes: list[str] = dataclasses.field(default_factory=list)
+    frames: list[FrameRow] = dataclasses.field(default_factory=list)
+
+    def frame_table(self) -> str:
+        """Per split frame: its graphs, the shares compiled for the job, and the chains'
+        lookups served and missed, over all ranks (empty: no frame was split)."""
+        if not self.frames:
+            return ""
+        lines = ["split frames (all ranks):  frame  graphs  compiled  served  missed"]
+        lines += [f"{'':26}{f.frame:>5}  {f.graphs:>6}  {f.compiled:>8}  {f.served:>6}  {f.missed:>6}"
+                  for f in self.frames]
+        return "\n".join(lines)
 
     def table(self) -> str:
         lines = ["  ".join(f"{h:>8}" for h in LEGEND)]
@@ -165,6 +193,29 @@ def rows(traces: dict[int, list[dict]]) -> list[RankRow]:
                              bytes_published=d["bytes_published"], rejected=d["rejected"],
                              shares=d["split_graphs_compiled_for_the_job"], first_step_s=first_step_s))
     return table
+
+
+def split_frames(traces: dict[int, list[dict]]) -> list[FrameRow]:
+    """Per split frame, over all ranks: shares compiled, the chains' lookups served and missed."""
+    frames: dict[int, FrameRow] = {}
+    per_rank: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for rank, events in traces.items():
+        for event in events:
+            args = event.get("args", {})
+            if event.get("name") not in ("share", "chain") or "frame" not in args:
+                continue
+            row = frames.setdefault(args["frame"], FrameRow(args["frame"]))
+            if event["name"] == "share":
+                row.compiled += args.get("outcome") == "compiled"
+                continue
+            per_rank[(rank, args["frame"])].add(args.get("index", 0))
+            if args.get("outcome") == "served":
+                row.served += 1
+            else:
+                row.missed += 1
+    for (_, frame), indices in per_rank.items():
+        frames[frame].graphs = max(frames[frame].graphs, len(indices))
+    return [frames[n] for n in sorted(frames)]
 
 
 def _ranks(ranks) -> str:
@@ -268,7 +319,8 @@ def write_report(trace_dir: Path, *, picture: bool = True) -> Report:
     merged = trace_dir / "job.trace.json"
     merged.write_text(json.dumps(merged_trace(traces)))
     written = [merged]
-    report = Report(rows(traces), divergence(traces) + unmatched_waits(traces), written)
+    report = Report(rows(traces), divergence(traces) + unmatched_waits(traces), written,
+                    frames=split_frames(traces))
     if picture:
         pictures = [trace_dir / "job.png", trace_dir / "job.svg"]
         if draw(traces, pictures):

@@ -37,9 +37,11 @@ local hit          i      key: a graph this rank found in its own local cache; f
                           ("bundle") and saved_s where a bundle installed it there
 rejected           i      key, why
 early backward     X      outcome (compiled, skipped, failed)
-share              X      key (the slot, ``split_share/<digest>``), index, outcome (compiled,
-                          skipped, failed): a submodule of a split frame this rank compiled
-                          for the job (``coordinator.features.split_shares``)
+share              X      key (the slot, ``split_share/<digest>``), frame, index, outcome
+                          (compiled, skipped, failed): a submodule of a split frame this rank
+                          compiled for the job (``coordinator.features.split_shares``)
+chain              i      key, frame, index, outcome (served, missed): the chain of a split
+                          frame found that submodule's AOTAutograd entry, or compiled it
 timeout extension  i      seconds
 store lost         i      error
 step               i      n: a ``torch.optim`` optimizer's step returned (the first three,

@@ -122,3 +122,32 @@ def test_follower_compiles_nothing_and_matches_bitwise(case, tmp_path):
         assert follower["triton_compiles"] < leader["triton_compiles"], follower["counters"]
     else:
         assert follower["triton_compiles"] == 0, follower["counters"]
+
+
+def test_every_split_graph_of_a_recompile_is_compiled_once_and_served(tmp_path):
+    """The 142M HF Llama under DDP (``benchmarks/model_suite_job.py``, size ``restart``), one
+    step, then one at a new sequence length: a recompile whose frame DDPOptimizer splits
+    again, with a symbolic size. Each split graph of both frames is compiled once in the job
+    (its share's rank) and served to both ranks' chains; the losses are the same on both."""
+    job = ROOT / "benchmarks" / "model_suite_job.py"
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT), NCCL_NVLS_ENABLE="0",
+               TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    if torch.cuda.device_count() < 2:
+        env["SUITE_BACKEND"] = "gloo"  # both ranks on one GPU
+    out = tmp_path / "job.json"
+    done = subprocess.run([sys.executable, "-m", "coordinator.jobs.launcher", "--coordinator-store",
+                           f"file://{tmp_path / 'store'}", "--standalone", "--nproc-per-node", "2", str(job),
+                           "--model", "llama", "--size", "restart", "--steps", "1", "--cache-per-rank",
+                           "--json", str(out)], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = json.loads(out.read_text())["ranks"]
+    shares = [r["stats"]["split_shares"] for r in ranks]
+    print(json.dumps(shares, indent=1))  # kept in the tier's log
+    frames = shares[0]["frames"]
+    assert len(frames) == 2 and all(f["graphs"] > 1 for f in frames), frames
+    for rank in shares:
+        assert [(f["served"], f["missed"]) for f in rank["frames"]] == [(f["graphs"], 0) for f in frames], rank
+    assert [sum(rank["frames"][n]["compiled"] for rank in shares) for n in range(2)] == [f["graphs"] for f in frames]
+    # AOTAutograd ran once per split graph in the job: in its share.
+    assert sum(r["aot_autograd"].get("autograd_cache_miss", 0) for r in ranks) == sum(f["graphs"] for f in frames)
+    assert ranks[0]["losses"] == ranks[1]["losses"]
