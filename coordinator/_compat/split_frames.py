@@ -315,11 +315,15 @@ def _original_compile_submod(cls: Any) -> Callable[..., Any]:
 
 
 @contextlib.contextmanager
-def split_frames(before_chain: Callable[[SplitFrame], None]) -> Iterator[None]:
+def split_frames(before_chain: Callable[[SplitFrame], None],
+                 chain_compiled: Callable[[SplitFrame, int, bool], None] | None = None) -> Iterator[None]:
     """For the duration: call ``before_chain`` with each frame DDPOptimizer splits,
     before its chain; mark which submodule the chain compiles (:func:`chain_position`);
-    and keep, for an out-of-order compile, the function that saves its AOTAutograd entry."""
+    call ``chain_compiled(frame, index, served)`` after each (``served``: AOTAutograd's
+    cache had it, locally or through the store); and keep, for an out-of-order compile,
+    the function that saves its AOTAutograd entry."""
     from torch._dynamo.backends.distributed import SubmodCompiler
+    from torch._dynamo.utils import counters
     from torch._functorch._aot_autograd import graph_compile
 
     original_run = SubmodCompiler.__dict__["run"] if "run" in SubmodCompiler.__dict__ else None
@@ -341,10 +345,14 @@ def split_frames(before_chain: Callable[[SplitFrame], None]) -> Iterator[None]:
         _thread.position = (frame, index) if index is not None else None
         if index is not None:
             untag(args)
+        hits = counters["aot_autograd"].get("autograd_cache_hit", 0)
         try:
-            return original_compile_submod(self, input_mod, args, kwargs)
+            compiled = original_compile_submod(self, input_mod, args, kwargs)
         finally:
             _thread.position = outer
+        if index is not None and chain_compiled is not None:
+            chain_compiled(frame, index, counters["aot_autograd"].get("autograd_cache_hit", 0) > hits)
+        return compiled
 
     def cache_autograd_info(*args: Any, **kwargs: Any) -> Any:
         save, entry = original_cache_info(*args, **kwargs)

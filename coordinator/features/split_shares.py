@@ -79,7 +79,8 @@ class FrameCounts:
     graphs: int = 0
     #: Submodules of it this rank compiled for the job.
     compiled: int = 0
-    #: Submodules this rank's chain found in the store (at once, or after waiting).
+    #: Submodules whose AOTAutograd entry this rank's chain found (in its own cache, or in
+    #: the store, at once or after waiting).
     served: int = 0
     #: Submodules this rank's chain compiled itself.
     missed: int = 0
@@ -100,8 +101,9 @@ class SplitShareCounts:
     seconds: float = 0.0
     #: Submodules of other ranks' shares the chain waited for and then loaded.
     waited: int = 0
-    #: Submodules the chain found no entry for after their slot ended: a propagated
-    #: input that differed from the chain's, or an owner that gave up or died.
+    #: Submodules of split frames the chain compiled itself: an entry not found (a
+    #: propagated input that differed from the chain's, or an owner that gave up or
+    #: died), or a frame whose submodules no rank shared (this rank alone, no store).
     missed: int = 0
     #: Each split frame's counts, in the order this process split them.
     frames: list[FrameCounts] = dataclasses.field(default_factory=list)
@@ -198,7 +200,7 @@ class SplitShares(Feature):
                 and _compat.split_graphs_unsupported() is None)
 
     def hooks(self, routed: frozenset[str]) -> Iterable:
-        return (_compat.split_frames(self.before_chain),)
+        return (_compat.split_frames(self.before_chain, self.chain_compiled),)
 
     def looked_up(self, flight: Singleflight, kind: str, key: str, result: LookupResult,
                   rejected: bytes | None) -> LookupResult:
@@ -206,34 +208,32 @@ class SplitShares(Feature):
             # A share waits on nothing: a graph another rank is compiling leaves this
             # submodule to the chain.
             raise _compat.SkipCompile(f"FX graph {key}: {result.outcome}")
-        if kind != "aot_autograd" or rejected is not None:
-            return result
-        position = _compat.chain_position()
-        if position is None or position[0] not in self._numbers:
-            return result
-        if result.value is None:
-            result = self._follow_share(flight, kind, key, result, position)
-        self._chain_looked_up(key, position, served=result.value is not None)
+        if kind == "aot_autograd" and rejected is None and result.value is None:
+            return self._follow_share(flight, kind, key, result)
         return result
 
-    def _follow_share(self, flight: Singleflight, kind: str, key: str, result: LookupResult,
-                      position: tuple[Any, int]) -> LookupResult:
+    def _follow_share(self, flight: Singleflight, kind: str, key: str, result: LookupResult) -> LookupResult:
         """A split frame's chain found no AOTAutograd entry: wait while another rank
         compiles that submodule for the job, then look again."""
-        if self.follow(flight, position):
+        position = _compat.chain_position()
+        if position is not None and self.follow(flight, position):
             result = self.context.lookup(flight, kind, key)
         return result
 
-    def _chain_looked_up(self, key: str, position: tuple[Any, int], *, served: bool) -> None:
-        """Count the chain's lookup of a split frame's submodule, per frame."""
-        number = self._numbers[position[0]]
-        frame = self.counts.frames[number]
+    def chain_compiled(self, frame: Any, index: int, served: bool) -> None:
+        """The chain of a split frame is past submodule ``index``: AOTAutograd's cache
+        served it (this rank's own cache, or the store), or the chain compiled it."""
+        number = self._numbers.get(frame)
+        if number is None:  # a frame of one submodule: no shares
+            return
+        counts = self.counts.frames[number]
         if served:
-            frame.served += 1
+            counts.served += 1
         else:
-            frame.missed += 1
+            counts.missed += 1
             self.counts.missed += 1
-        self._events.instant("chain", key=short_key(key), frame=number, index=position[1],
+        slot = self._slots.get((id(frame), index))
+        self._events.instant("chain", key=short_key(slot[0]) if slot else "", frame=number, index=index,
                              outcome="served" if served else "missed")
 
     def backward_deferred(self, backward: Any) -> bool:
