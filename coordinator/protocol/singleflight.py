@@ -85,6 +85,7 @@ import hashlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
@@ -352,7 +353,9 @@ class Singleflight:
             StoreError: the store failed (the caller decides; the next publish or lookup
                 finds the store failed and records it).
         """
-        return self.store.add_if_absent(f"n/{key}/{mark}", b"1")
+        # A value of this call's own: a store whose create-if-absent returns the value it
+        # found (the c10d store's compare_set) must not tell a second setter it was first.
+        return self.store.add_if_absent(f"n/{key}/{mark}", uuid.uuid4().hex.encode())
 
     def abandon(self, key: str) -> None:
         """Tell waiters that this process will not publish ``key``."""
