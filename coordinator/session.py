@@ -285,6 +285,8 @@ class Session:
         except OSError as exc:
             log.debug("could not keep %s on this node: %s", key, exc)
         published = flight.publish(key, blob)
+        for feature in self.features:
+            feature.published(kind, key, blob)
         if local_copy:
             self.events.instant("publish", key=short_key(key), bytes=len(blob), ok=published, local_copy=True)
         else:
@@ -306,6 +308,8 @@ class Session:
                 log.debug("compile_once: released %d unpublished claims", released)
 
     def close(self) -> None:
+        for feature in self.features:
+            feature.close()
         if self._flight is not None:
             self._flight.close()
         self.events.compiles_ended()
