@@ -4,13 +4,16 @@
     coordinator bundle load URL [--name NAME] [--out FILE]
     coordinator bundle inspect URL|FILE [--name NAME]
     coordinator bundle ls URL
-    coordinator bundle rm URL NAME
+    coordinator bundle rm URL NAME | URL --older-than SECONDS
     coordinator bundle copy SRC_URL DST_URL [--keep]
     coordinator slurm prolog|epilog
     coordinator report DIR [--no-picture]
 
-``URL`` is a ``redis://``/``rediss://`` or ``file://`` store, or ``outbox``: this node's
-outbox in Inductor's cache dir, which the SLURM Epilog publishes from. ``load`` fetches,
+``URL`` is a ``redis://``/``rediss://``, ``file://`` or object store (``s3://``, ``gs://``,
+``az://``), or ``outbox``: this node's outbox in Inductor's cache dir, which the SLURM Epilog
+publishes from. ``ls`` prints each bundle's key, size in bytes and age (``-`` where the store
+keeps no time, as Redis); ``rm`` takes a name or a listed key, or removes every bundle older
+than ``--older-than``. ``load`` fetches,
 verifies and installs into this machine's Inductor cache dir (once per node), or with
 ``--out`` only downloads the verified bytes. The secret and namespace are the ``secret``
 and ``namespace`` settings' (``coordinator.settings``). ``copy`` publishes every verified
@@ -27,13 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from datetime import timedelta
 
 from coordinator.bundles.format import read_bundle
 from coordinator.bundles.install import load_bundle
 from coordinator.bundles.keys import bundle_key, bundle_url
 from coordinator.bundles.transfer import copy_bundles, save_bundle
-from coordinator.errors import CoordinatorError
+from coordinator.errors import ConfigError, CoordinatorError
 from coordinator.protocol.fingerprint import fingerprint
 from coordinator.settings import Config, variable
 
@@ -48,6 +52,17 @@ def _read_source(source: str, name: str, config: Config) -> bytes:
         return blob
     with open(source, "rb") as f:
         return f.read()
+
+
+def _age(modified: float | None, now: float) -> str:
+    """How long ago a bundle was written, as ``ls`` shows it (``-``: the store does not say)."""
+    if modified is None:
+        return "-"
+    seconds = max(now - modified, 0.0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
 
 
 def _bundle_command(args: argparse.Namespace) -> int:
@@ -78,25 +93,38 @@ def _bundle_command(args: argparse.Namespace) -> int:
     elif args.action == "ls":
         from coordinator.protocol.stores import open_store
 
-        store = open_store(args.url)
-        keys = store.list_keys("bundles/")
-        for key in keys:
-            blob = store.get(key)
-            print(f"{key}\t{len(blob) if blob is not None else 0}")
-        if not keys:
+        entries = open_store(args.url).list_entries("bundles/")
+        now = time.time()
+        for entry in entries:
+            print(f"{entry.key}\t{entry.size}\t{_age(entry.modified, now)}")
+        if not entries:
             print(f"no bundles in {args.url}")
     elif args.action == "rm":
         from coordinator.protocol.stores import open_store
 
-        open_store(args.url).delete(bundle_key(args.name, config=config))
-        print(f"removed {bundle_key(args.name, config=config)}")
+        store = open_store(args.url)
+        if args.older_than is not None:
+            cutoff = time.time() - args.older_than
+            keys = [entry.key for entry in store.list_entries("bundles/")
+                    if entry.modified is not None and entry.modified < cutoff]
+        elif args.name is None:
+            raise ConfigError("bundle rm: give a NAME (or a key as `coordinator bundle ls` lists it), "
+                              "or --older-than SECONDS")
+        else:
+            keys = [args.name if args.name.startswith("bundles/") else bundle_key(args.name, config=config)]
+        for key in keys:
+            store.delete(key)
+            print(f"removed {key}")
+        if not keys:
+            print(f"no bundles older than {args.older_than:g}s in {args.url}")
     elif args.action == "copy":
         for key in copy_bundles(args.src, args.dst, move=not args.keep, config=config):
             print(f"published {key}")
     return 0
 
 
-_URL = "redis://host:port/db, rediss://..., file:///dir, or outbox (this node's outbox)"
+_URL = ("redis://host:port/db, rediss://..., file:///dir, s3://bucket/prefix, gs://..., az://..., "
+        "or outbox (this node's outbox)")
 _NAME = (f"bundle name (default: default); the secret and namespace come from {variable('secret')}, "
          f"{variable('namespace')}")
 
@@ -123,11 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = actions.add_parser("inspect", help="print a bundle's fingerprint, sizes, kernels, signature")
     inspect.add_argument("source", help="store URL or bundle file")
     inspect.add_argument("--name", default="default", help=_NAME)
-    ls = actions.add_parser("ls", help="list the bundles in a store")
+    ls = actions.add_parser("ls", help="list the bundles in a store: key, bytes, age")
     ls.add_argument("url", help="the store: " + _URL)
-    rm = actions.add_parser("rm", help="remove a bundle")
+    rm = actions.add_parser("rm", help="remove a bundle, or every bundle older than an age")
     rm.add_argument("url", help="the store: " + _URL)
-    rm.add_argument("name", help="bundle name")
+    rm.add_argument("name", nargs="?", default=None,
+                    help="bundle name, or a key as `coordinator bundle ls` lists it")
+    rm.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
+                    help="remove every bundle in the store (any environment) written longer ago than this")
     copy = actions.add_parser("copy",
                               help="publish every verified bundle of one store to another (and remove it there)")
     copy.add_argument("src", help="the store to copy from: " + _URL)
