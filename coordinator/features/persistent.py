@@ -11,18 +11,19 @@ job's TCPStore, or the ``store`` setting) exactly as without it, and:
   claim (a kind whose lookups never wait, a rank that holds a claim) fetches it itself, and
   a rank whose live store failed reads from the persistent layer alone. A value that fails
   verification is refused (logged, counted) and the rank compiles it, as for a miss;
-* every value the session publishes is written to the persistent layer in the background
-  (:class:`~coordinator.protocol.writer.BackgroundWriter`, at most ``MAX_QUEUED_BYTES``
-  queued), never on a compile's critical path, unless the layer already holds it. When the
-  session closes, the writes still queued are drained for up to ``DRAIN_TIMEOUT``, with a
-  progress line.
+* every value of an Inductor cache that the session publishes is written to the persistent
+  layer in the background (:class:`~coordinator.protocol.writer.BackgroundWriter`, at most
+  ``MAX_QUEUED_BYTES`` queued), by the job's first rank to publish it, never on a compile's
+  critical path, unless the layer already holds it. When the session closes, the writes
+  still queued are drained for up to ``DRAIN_TIMEOUT``, with a progress line.
 
 Keys are the live store's keys (environment, secret, namespace, kind, digest), so a job only
-finds values it can load. When the session starts, a thread opens the layer and lists the
-keys it holds under this job's prefix; a key not listed is a miss without a request (a cold
-job pays one listing, not a request per graph). The first failure of the layer (a missing
-bucket, refused credentials, a server gone) is logged once, naming the URL and what to do,
-and the job goes on without it: losing the persistent layer costs compile time, never the job.
+finds values it can load. When the session starts, a thread opens the layer and connects; the
+first lookup lists the keys it holds under this job's prefix, and a key not listed is a miss
+without a request (a cold job pays one listing, not a request per graph). The first failure
+of the layer (a missing bucket, refused credentials, a server gone) is logged once, naming
+the URL and what to do, and the job goes on without it: losing the persistent layer costs
+compile time, never the job.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import threading
 import time
 from datetime import timedelta
 
+from coordinator import _compat
 from coordinator.errors import ConfigError, StoreError
 from coordinator.features.base import Context, Feature
 from coordinator.observe.trace import short_key
@@ -92,34 +94,49 @@ class PersistentLayer(Feature):
         self._held: set[str] = set()
         self._refused: set[str] = set()
         self._lock = threading.Lock()
-        self._opened = threading.Event()
+        self._connected = threading.Event()
+        self._list_lock = threading.Lock()
+        self._listed = False
         self._writer: BackgroundWriter | None = None
         if self.url is not None:
-            threading.Thread(target=self._open, name="coordinator-persist-open", daemon=True).start()
+            threading.Thread(target=self._connect, name="coordinator-persist-connect", daemon=True).start()
 
     def enabled(self, routed: frozenset[str]) -> bool:
         return self.url is not None
 
     # -- the layer -------------------------------------------------------------------------
 
-    def _open(self) -> None:
-        """Open the layer and list what it holds for this job's keys (on its own thread)."""
+    def _connect(self) -> None:
+        """Open the layer and its connection (on a thread of its own, from the session's start:
+        importing the provider and connecting cost a second, which no compile waits for)."""
         from coordinator.protocol.stores import open_store
 
-        config = self.context.config
-        started = time.monotonic()
         try:
-            store = open_store(self.url, chunk_bytes=config.chunk_bytes)
-            held = store.list_keys(key_prefix(config.secret, config.namespace) + "/")
+            store = open_store(self.url, chunk_bytes=self.context.config.chunk_bytes)
+            store.connect()
         except (ConfigError, StoreError) as exc:
             self._lost(exc)
         else:
             with self._lock:
-                self._store, self._held = store, set(held)
-            log.info("compile_once: persistent layer %s holds %d values for this environment (listed in %.2fs)",
-                     store.name, len(held), time.monotonic() - started)
+                self._store = store
         finally:
-            self._opened.set()
+            self._connected.set()
+
+    def _list(self, store: Store) -> None:
+        """List what the layer holds under this job's prefix (once, at the first lookup: the
+        prefix names the environment, which the session reads there, after the script has
+        picked its device)."""
+        config = self.context.config
+        started = time.monotonic()
+        try:
+            held = store.list_keys(key_prefix(config.secret, config.namespace) + "/")
+        except (ConfigError, StoreError) as exc:
+            self._lost(exc)
+            return
+        with self._lock:
+            self._held.update(held)
+        log.info("compile_once: persistent layer %s holds %d values for this environment (listed in %.2fs)",
+                 store.name, len(held), time.monotonic() - started)
 
     def _lost(self, exc: Exception) -> None:
         """The layer failed: say so once, with what to do, and go on without it."""
@@ -133,9 +150,17 @@ class PersistentLayer(Feature):
         self.context.events.instant("persistent layer lost", error=str(exc))
 
     def _ready(self) -> Store | None:
-        """The layer once it is open, or ``None`` if it failed or is not open in time."""
-        if not self._opened.wait(OPEN_TIMEOUT.total_seconds()):
-            self._lost(StoreError(f"not open after {OPEN_TIMEOUT.total_seconds():.0f}s"))
+        """The layer once it is open and listed, or ``None`` if it failed or did not open in time."""
+        if self._listed:
+            return self._store
+        with self._list_lock:
+            if not self._listed:
+                if not self._connected.wait(OPEN_TIMEOUT.total_seconds()):
+                    self._lost(StoreError(f"not open after {OPEN_TIMEOUT.total_seconds():.0f}s"))
+                store = self._store
+                if store is not None:
+                    self._list(store)
+                self._listed = True
         return self._store
 
     # -- lookups ---------------------------------------------------------------------------
@@ -177,6 +202,8 @@ class PersistentLayer(Feature):
     # -- writes ----------------------------------------------------------------------------
 
     def published(self, kind: str, key: str, blob: bytes) -> None:
+        if kind not in _compat.CACHE_KINDS:
+            return  # a feature's own value (a precompiled function), which its feature reads from the live store
         with self._lock:
             if self.counts.failed or (key in self._held and key not in self._refused):
                 return
