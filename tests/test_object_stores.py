@@ -103,6 +103,10 @@ class Link:
     def close(self) -> None:
         """Cut the link: close every connection and refuse new ones."""
         self.cut.set()
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept and stops listening (Linux)
+        except OSError:
+            pass
         self.listener.close()
         with self._lock:
             sockets, self._sockets = self._sockets, []
@@ -183,6 +187,7 @@ def test_two_jobs_saving_one_name_at_once_leave_one_whole_bundle(s3_server, tmp_
     start = tmp_path / "go"
     saver = ("import sys, time, os, json, coordinator\n"
              "blob = open(sys.argv[1], 'rb').read()\n"
+             "open(sys.argv[1] + '.ready', 'w').close()\n"
              "while not os.path.exists(sys.argv[2]): time.sleep(0.01)\n"
              "began = time.time(); coordinator.save_bundle(sys.argv[3], name='shared', blob=blob)\n"
              "print(json.dumps([began, time.time()]))\n")
@@ -192,7 +197,10 @@ def test_two_jobs_saving_one_name_at_once_leave_one_whole_bundle(s3_server, tmp_
         procs.append(subprocess.Popen([sys.executable, "-c", saver, str(tmp_path / f"b{i}"), str(start), url],
                                       env=dict(os.environ, AWS_ENDPOINT_URL_S3=link.endpoint),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    time.sleep(5)  # both imported coordinator
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"b{i}.ready").exists() for i in range(2)):  # both imported coordinator
+        assert time.monotonic() < deadline and all(proc.poll() is None for proc in procs)
+        time.sleep(0.05)
     start.touch()
     spans = []
     for proc in procs:
@@ -422,7 +430,8 @@ def test_slurm_hooks_push_to_and_restore_from_s3_with_the_job_users_credentials(
     credentials = tmp_path / "credentials"
     credentials.write_text("[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
     url, log_file = s3_server.bucket() + "/slurm", tmp_path / "hooks.log"
-    site = {"COORDINATOR_PYTHON": sys.executable, "COORDINATOR_RESTORE_BUNDLE": url, "COORDINATOR_PUSH_BUNDLE": url, "COORDINATOR_SLURM_LOG": log_file,
+    site = {"COORDINATOR_PYTHON": sys.executable, "COORDINATOR_RESTORE_BUNDLE": url, "COORDINATOR_PUSH_BUNDLE": url,
+            "COORDINATOR_SLURM_LOG": log_file,
             "COORDINATOR_NODE_CACHE_DIR": f"{tmp_path}/node/{{job}}", "AWS_ENDPOINT_URL_S3": s3_server.endpoint,
             "AWS_DEFAULT_REGION": "us-east-1", "AWS_SHARED_CREDENTIALS_FILE": credentials,
             "AWS_CONFIG_FILE": tmp_path / "no-config", "AWS_EC2_METADATA_DISABLED": "true"}
