@@ -60,13 +60,14 @@ _MIN_PART_BYTES = 5 * 1024 * 1024
 #: What each provider's client is given beyond the defaults: bounded connects, reads and
 #: retries, so that an unreachable server fails a call in seconds, never hangs it.
 _PROVIDER_OPTIONS: dict[str, dict[str, Any]] = {
-    "s3": {"config_kwargs": {"connect_timeout": 10, "read_timeout": 60,
+    "s3": {"config_kwargs": {"connect_timeout": 10, "read_timeout": 30,
                              "retries": {"max_attempts": 3, "mode": "standard"}}},
     "gs": {},
     "az": {},
 }
-#: s3fs's own retries of a call (on top of botocore's), fewer than its default of 5.
-_S3FS_RETRIES = 2
+#: s3fs's own tries of a call, on top of botocore's 3 attempts: one (its default of 5 would make
+#: a server that accepts and never answers cost a call 5 x 3 x 30 s).
+_S3FS_RETRIES = 1
 
 #: Where each provider takes its credentials from, for error messages.
 _CREDENTIALS = {
