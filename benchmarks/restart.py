@@ -25,6 +25,18 @@ the ranks share ``cuda:0`` over gloo. Before the first job, one process imports 
 import, so that no job pays for a cold page cache.
 Prints the table, writes the raw jobs to ``benchmarks/results/<label>.json`` and the table
 into ``benchmarks/RESULTS.md``.
+
+With ``--persist TARGET ...`` (``moto``: an S3 bucket of a moto server started here, on this
+machine; ``file``: a ``file://`` dir; or any store URL), ours' cold job also writes its compile
+to the first target's persistent layer and saves its bundle there, and three more jobs follow,
+each on a new EMPTY cache dir with the job's own TCPStore as the live store:
+
+* ``ours restart, persist T`` for each target T: from the persistent layer alone (the other
+  targets get a copy of the first one's objects first, untimed);
+* ``ours restart, bundle``: from the first target's bundle alone (``--coordinator-restore``).
+
+Below the table: the bundle's size, its save time (at the cold job's exit) and its fetch and
+install times, and what each rank's exit waited for its persistent writes.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -47,7 +60,7 @@ JOBS = ("stock cold", "ours cold", "stock restart", "ours restart")
 
 
 def run_job(name: str, model: str, n: int, dirs: dict[str, Path], args: argparse.Namespace,
-            profile: str | None = None) -> dict:
+            profile: str | None = None, persist: dict[str, str] | None = None) -> dict:
     ours = name.startswith("ours")
     cache = dirs[name] if name != "stock restart" else dirs["stock cold"]
     out = dirs["work"] / f"{name.replace(' ', '-')}-{model}-n{n}.json"
@@ -63,6 +76,16 @@ def run_job(name: str, model: str, n: int, dirs: dict[str, Path], args: argparse
         env["COORDINATOR_STORE"] = f"file://{dirs['store']}"
         if args.precompile:
             env["COORDINATOR_PRECOMPILE"] = "1"
+    if persist and name == "ours cold":  # also into the first target: its persistent layer and a bundle
+        first = next(iter(persist.values()))
+        env.update(COORDINATOR_PERSIST=first, COORDINATOR_SAVE_BUNDLE=first)
+    elif persist and name.startswith("ours restart, "):  # the job's own TCPStore, and one source each
+        del env["COORDINATOR_STORE"]
+        target = name.removeprefix("ours restart, ")
+        if target == "bundle":
+            env["COORDINATOR_RESTORE_BUNDLE"] = next(iter(persist.values()))
+        else:
+            env["COORDINATOR_PERSIST"] = persist[target.removeprefix("persist ")]
     if args.gpu and n > 1 and n > gpu_count():
         env["SUITE_BACKEND"] = "gloo"
     if ours and args.bypass_split_graphs and name == "ours cold":
@@ -77,7 +100,84 @@ def run_job(name: str, model: str, n: int, dirs: dict[str, Path], args: argparse
     if done.returncode != 0 or not out.exists():
         print(done.stdout[-4000:], file=sys.stderr)
         raise SystemExit(f"job failed: {' '.join(cmd)}")
-    return {"job": name, "model": model, "n": n, "wall_s": wall, **json.loads(out.read_text())}
+    return {"job": name, "model": model, "n": n, "wall_s": wall, **transfer_times(done.stdout),
+            **json.loads(out.read_text())}
+
+
+def transfer_times(log: str) -> dict:
+    """What a job's log says of its bundle and persistent-layer transfers."""
+    found: dict = {}
+    saved = re.search(r"saved a ([\d.]+) MB bundle as \S+ in \S+ in ([\d.]+)s", log)
+    if saved:
+        found["bundle_mb"], found["bundle_save_s"] = float(saved.group(1)), float(saved.group(2))
+    restored = re.search(r"'fetch_s': ([\d.]+), 'install_s': ([\d.]+)", log)
+    if restored:
+        found["bundle_fetch_s"], found["bundle_install_s"] = float(restored.group(1)), float(restored.group(2))
+    writes = re.findall(r"wrote (\d+) values \(([\d.]+) MB\) to the persistent layer \S+; ([\d.]+)s at exit", log)
+    if writes:
+        found["persist_written"] = sum(int(w[0]) for w in writes)
+        found["persist_mb"] = sum(float(w[1]) for w in writes)
+        found["persist_exit_s"] = max(float(w[2]) for w in writes)
+    return found
+
+
+class MotoServer:
+    """moto's S3 server on this machine (``--persist moto``), its endpoint and test credentials
+    in this process's environment, which the jobs inherit."""
+
+    def __init__(self, workdir: Path) -> None:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.log = open(workdir / "moto.log", "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise SystemExit("moto's server did not start: pip install 'moto[s3]' flask flask-cors") from None
+                time.sleep(0.1)
+        os.environ.update(AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench",
+                          AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
+                          AWS_EC2_METADATA_DISABLED="true")
+        import s3fs
+
+        s3fs.S3FileSystem(skip_instance_cache=True).call_s3("create_bucket", Bucket="coordinator-bench")
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+
+
+def persist_targets(targets: list[str], where: str, tmp: Path) -> dict[str, str]:
+    """Each ``--persist`` target's label and URL, for one model and world size (``where``)."""
+    urls = {}
+    for target in targets:
+        if target == "moto":
+            urls[target] = f"s3://coordinator-bench/{where}"
+        elif target == "file":
+            urls[target] = f"file://{tmp / 'persist'}"
+        else:
+            urls[target] = target.rstrip("/") + "/" + where
+    return urls
+
+
+def copy_objects(src_url: str, dst_url: str) -> None:
+    """Every object of one store into another (untimed, between two jobs)."""
+    from coordinator.protocol.stores import open_store
+
+    src, dst = open_store(src_url), open_store(dst_url)
+    for key in src.list_keys(""):
+        value = src.get(key)
+        if value is not None:
+            dst.set(key, value)
 
 
 def row(job: dict, stock_restart_s: float, cold_losses: list[str]) -> dict:
@@ -117,12 +217,29 @@ def markdown(args: argparse.Namespace, raw: dict, table: list[dict]) -> str:
     ]
     for r in table:
         compile_s = ", ".join(f"{a:.1f} ({b:.1f})" for a, b in zip(r["compile_s"], r["compile_all_s"], strict=True))
+        if r["job"].startswith("ours restart, "):
+            r = dict(r, job=r["job"] + f" ({r['wall_s'] / r['file_restart_s']:.2f}× ours restart)")
         lines.append(
             f"| {r['model']} | {r['n']} | {r['job']} | {r['wall_s']:.1f} | {r['ratio']:.2f}× | {compile_s} | "
             f"{r['aot']['hit']} / {r['aot']['miss']} / {r['aot']['bypass']} | {r['served']} | {r.get('frames', '')} | "
             f"{r['loads_s']:.2f} | "
             f"{'equal' if r['losses_apart'] == 0 else format(r['losses_apart'], '.0e') + ' apart'} |"
         )
+    transfers = [job for job in raw["jobs"] if any(k in job for k in ("bundle_save_s", "bundle_fetch_s",
+                                                                       "persist_written"))]
+    if transfers:
+        lines.append("")
+    for job in transfers:
+        parts = []
+        if "bundle_save_s" in job:
+            parts.append(f"bundle {job['bundle_mb']:.1f} MB saved in {job['bundle_save_s']:.2f} s at exit")
+        if "bundle_fetch_s" in job:
+            parts.append(f"bundle fetched and verified in {job['bundle_fetch_s']:.2f} s, installed in "
+                         f"{job['bundle_install_s']:.2f} s")
+        if "persist_written" in job:
+            parts.append(f"{job['persist_written']} values ({job['persist_mb']:.1f} MB) written to the persistent "
+                         f"layer, exit waited {job['persist_exit_s']:.1f} s for them")
+        lines.append(f"- {job['model']} N={job['n']} {job['job']}: " + "; ".join(parts))
     return "\n".join(lines) + "\n"
 
 
@@ -141,6 +258,9 @@ def main() -> None:
                         "runs AOTAutograd for every one, as stock's does (the cost of split graphs that are refused)")
     p.add_argument("--profile-restarts", default=None, metavar="DIR",
                    help="after the four jobs, run both restarts once more under cProfile into DIR (not timed)")
+    p.add_argument("--persist", nargs="+", default=None, metavar="TARGET",
+                   help="also restart from a persistent layer, and from a bundle: moto (a moto S3 server started "
+                        "here), file (a file:// dir) or a store URL; ours' cold job writes to the first")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--job-logs", default=None, metavar="DIR", help="keep each job's output in DIR")
     p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
@@ -151,22 +271,35 @@ def main() -> None:
            "jobs": []}
     table: list[dict] = []
     subprocess.run([sys.executable, "-c", "import torch, transformers, torch._inductor.compile_fx"], check=True)
+    names = list(JOBS)
+    if args.persist:
+        names += [f"ours restart, persist {target}" for target in args.persist] + ["ours restart, bundle"]
+    moto = None
+    if args.persist and "moto" in args.persist:
+        moto_dir = Path(tempfile.mkdtemp(prefix="restart-moto-"))
+        moto = MotoServer(moto_dir)
     for model in args.models:
         for n in args.ranks:
             with tempfile.TemporaryDirectory(prefix="restart-") as tmp:
                 dirs = {"work": Path(tmp), "store": Path(tmp) / "store",
-                        **{name: Path(tmp) / name.replace(" ", "-") for name in JOBS if name != "stock restart"}}
+                        **{name: Path(tmp) / re.sub(r"[ ,]+", "-", name) for name in names if name != "stock restart"}}
+                persist = (persist_targets(args.persist, f"{args.label}-{model}-n{n}", Path(tmp))
+                           if args.persist else None)
                 jobs = {}
-                for name in JOBS:
-                    jobs[name] = run_job(name, model, n, dirs, args)
+                for name in names:
+                    target = name.removeprefix("ours restart, persist ")
+                    if persist and target != name and target != args.persist[0]:
+                        copy_objects(persist[args.persist[0]], persist[target])
+                    jobs[name] = run_job(name, model, n, dirs, args, persist=persist)
                     raw["jobs"].append(jobs[name])
                     save(args, raw, table)  # the raw jobs so far, should a later one not finish
                     print(f"{model} N={n} {name:<13}: wall {jobs[name]['wall_s']:6.1f}s, compile "
                           f"{[round(r['compile_s'].get('entire_frame_compile', 0), 1) for r in jobs[name]['ranks']]}",
                           flush=True)
-                for name in JOBS:
+                for name in names:
                     cold = jobs["ours cold" if name.startswith("ours") else "stock cold"]["ranks"][0]["losses"]
-                    table.append(row(jobs[name], jobs["stock restart"]["wall_s"], cold))
+                    table.append(dict(row(jobs[name], jobs["stock restart"]["wall_s"], cold),
+                                      file_restart_s=jobs["ours restart"]["wall_s"]))
                 if args.profile_restarts:  # once more each, profiled; not in the table
                     Path(args.profile_restarts).mkdir(parents=True, exist_ok=True)
                     for name in ("stock restart", "ours restart"):
@@ -175,6 +308,8 @@ def main() -> None:
                         run_job(name, model, n, dirs, args,
                                 profile=str(Path(args.profile_restarts) / f"{model}-n{n}-{name.replace(' ', '-')}"))
             save(args, raw, table)
+    if moto is not None:
+        moto.close()
     print(markdown(args, raw, table))
 
 

@@ -22,6 +22,7 @@ import atexit
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -144,7 +145,20 @@ def enable_from_env() -> bool:
     if job.save_bundle and os.environ.get("RANK", "0") == "0":
         # Registered after the exit above, so it runs first (atexit is last-in, first-out).
         atexit.register(_save_bundle_at_exit, job.save_bundle, job.bundle_name, session)
+        threading.Thread(target=_connect, args=(job.save_bundle,), name="coordinator-connect", daemon=True).start()
     return True
+
+
+def _connect(url: str) -> None:
+    """Open the bundle store's connection while the job runs (``Store.connect``): the save at
+    exit runs where the interpreter starts no more threads."""
+    from coordinator.bundles.keys import bundle_url
+    from coordinator.protocol.stores import open_store
+
+    try:
+        open_store(bundle_url(url)).connect()
+    except Exception as exc:  # the save at exit says what is wrong
+        log.debug("compile_once: could not open %s yet: %s", url, exc)
 
 
 def _save_bundle_at_exit(url: str, name: str, session: Session) -> None:

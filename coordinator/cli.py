@@ -7,6 +7,10 @@ missing bundle, 2 on bad usage; ``slurm prolog|epilog`` always exit 0 (see
 ``coordinator.jobs.slurm``); ``report`` exits 1 when its directory holds no trace (see
 ``coordinator.observe.report``). Output to a reader that stops reading (``coordinator
 bundle ls URL | head``) ends quietly, with exit status 141, as a command killed by SIGPIPE.
+``bundle`` commands take a ``redis://``/``rediss://``, ``file://`` or object store URL
+(``s3://``, ``gs://``, ``az://``), or ``outbox`` (this node's outbox, which the SLURM
+Epilog publishes from); ``ls`` prints each bundle's key, size and age, ``rm`` takes a name,
+a listed key or ``--older-than``.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ import argparse
 import json
 import os
 import sys
+import time
 from datetime import timedelta
 
 from coordinator.bundles.format import read_bundle
 from coordinator.bundles.install import load_bundle
 from coordinator.bundles.keys import bundle_key, bundle_url
 from coordinator.bundles.transfer import copy_bundles, save_bundle
-from coordinator.errors import CoordinatorError
+from coordinator.errors import ConfigError, CoordinatorError
 from coordinator.protocol.fingerprint import fingerprint
 from coordinator.protocol.stores import shown_url
 from coordinator.settings import Config, variable
@@ -40,6 +45,17 @@ def _read_source(source: str, name: str, config: Config) -> bytes:
         return blob
     with open(source, "rb") as f:
         return f.read()
+
+
+def _age(modified: float | None, now: float) -> str:
+    """How long ago a bundle was written, as ``ls`` shows it (``-``: the store does not say)."""
+    if modified is None:
+        return "-"
+    seconds = max(now - modified, 0.0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
 
 
 def _bundle_command(args: argparse.Namespace) -> int:
@@ -70,25 +86,38 @@ def _bundle_command(args: argparse.Namespace) -> int:
     elif args.action == "ls":
         from coordinator.protocol.stores import open_store
 
-        store = open_store(args.url)
-        keys = store.list_keys("bundles/")
-        for key in keys:
-            blob = store.get(key)
-            print(f"{key}\t{len(blob) if blob is not None else 0}")
-        if not keys:
+        entries = open_store(args.url).list_entries("bundles/")
+        now = time.time()
+        for entry in entries:
+            print(f"{entry.key}\t{entry.size}\t{_age(entry.modified, now)}")
+        if not entries:
             print(f"no bundles in {shown_url(args.url)}")
     elif args.action == "rm":
         from coordinator.protocol.stores import open_store
 
-        open_store(args.url).delete(bundle_key(args.name, config=config))
-        print(f"removed {bundle_key(args.name, config=config)} from {shown_url(args.url)}")
+        store = open_store(args.url)
+        if args.older_than is not None:
+            cutoff = time.time() - args.older_than
+            keys = [entry.key for entry in store.list_entries("bundles/")
+                    if entry.modified is not None and entry.modified < cutoff]
+        elif args.name is None:
+            raise ConfigError("bundle rm: give a NAME (or a key as `coordinator bundle ls` lists it), "
+                              "or --older-than SECONDS")
+        else:
+            keys = [args.name if args.name.startswith("bundles/") else bundle_key(args.name, config=config)]
+        for key in keys:
+            store.delete(key)
+            print(f"removed {key} from {shown_url(args.url)}")
+        if not keys:
+            print(f"no bundles older than {args.older_than:g}s in {shown_url(args.url)}")
     elif args.action == "copy":
         for key in copy_bundles(args.src, args.dst, move=not args.keep, config=config):
             print(f"published {key} to {shown_url(args.dst)}")
     return 0
 
 
-_URL = "redis://host:port/db, rediss://..., file:///dir, or outbox (this node's outbox)"
+_URL = ("redis://host:port/db, rediss://..., file:///dir, s3://bucket/prefix, gs://..., az://..., "
+        "or outbox (this node's outbox)")
 _NAME = (f"bundle name (default: default); the secret and namespace come from {variable('secret')}, "
          f"{variable('namespace')}")
 _STORES = f"""\
@@ -173,16 +202,23 @@ def build_parser() -> argparse.ArgumentParser:
                        "coordinator bundle inspect gpt-7b.bundle"])
     inspect.add_argument("source", help="store URL or bundle file")
     inspect.add_argument("--name", default="default", help=_NAME)
-    ls = _parser(actions, "ls", "list the bundles in a store",
+    ls = _parser(actions, "ls", "list the bundles in a store: key, bytes, age",
                  "List every bundle in a store, one line each: its key\n"
-                 "(bundles/<environment>/<secret>/<namespace>/<name>) and its size in bytes.",
-                 ["coordinator bundle ls redis://cache:6379/0 | head"])
+                 "(bundles/<environment>/<secret>/<namespace>/<name>), its size in bytes and its age\n"
+                 "('-' where the store keeps no time, as Redis).",
+                 ["coordinator bundle ls s3://my-bucket/compile | head"])
     ls.add_argument("url", help="the store: " + _URL)
-    rm = _parser(actions, "rm", "remove a bundle",
-                 "Remove bundle NAME (of this environment, secret and namespace) from a store.",
-                 ["coordinator bundle rm redis://cache:6379/0 gpt-7b"])
+    rm = _parser(actions, "rm", "remove a bundle, or every bundle older than an age",
+                 "Remove bundle NAME (of this environment, secret and namespace), or a key as\n"
+                 "'coordinator bundle ls' lists it, or with --older-than every bundle in the store\n"
+                 "(any environment) written longer ago than that.",
+                 ["coordinator bundle rm redis://cache:6379/0 gpt-7b",
+                  "coordinator bundle rm s3://my-bucket/compile --older-than 604800"])
     rm.add_argument("url", help="the store: " + _URL)
-    rm.add_argument("name", help="bundle name")
+    rm.add_argument("name", nargs="?", default=None,
+                    help="bundle name, or a key as `coordinator bundle ls` lists it")
+    rm.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
+                    help="remove every bundle in the store (any environment) written longer ago than this")
     copy = _parser(actions, "copy", "publish every verified bundle of one store to another (and remove it there)",
                    "Publish every bundle of one store to another under the same key, each verified\n"
                    "first (a bundle that fails is left out, with a warning); the source copies are\n"

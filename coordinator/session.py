@@ -127,12 +127,15 @@ class Session:
         self._node = NodeCache(_compat.inductor_cache_dir(), self.events)
         self._prefix = key_prefix(self.config.secret, self.config.namespace)
         warn_if_device_indices_differ(store, self._prefix, rank)
-        self.writer = BackgroundWriter("publish", self.config.publish_queue_mb * 2**20)
-        self.stats.writer = self.writer.counts
+        writer = None
+        if self.config.publish_queue_mb:
+            writer = BackgroundWriter("publishing", self.config.publish_queue_mb * 2**20,
+                                      progress_interval=self.config.progress_interval)
+        self.stats.writer = writer
         return Singleflight(store, owner=Owner.this_process(rank), lease=self.config.lease,
                             wait_timeout=self.config.wait_timeout, progress_interval=self.config.progress_interval,
                             signalled_waits=self.config.signalled_waits, events=self.events,
-                            describe=self.describe, writer=self.writer)
+                            describe=self.describe, writer=writer)
 
     @staticmethod
     def describe(key: str) -> str:
@@ -311,9 +314,11 @@ class Session:
                 log.debug("could not keep %s on this node: %s", key, exc)
             return blob
 
-        def published(ok: bool, nbytes: int) -> None:
+        def published(ok: bool, blob: bytes) -> None:
             extra = {"local_copy": True} if local_copy else {}
-            self.events.instant("publish", key=short_key(key), bytes=nbytes, ok=ok, **extra)
+            self.events.instant("publish", key=short_key(key), bytes=len(blob), ok=ok, **extra)
+            for feature in self.features:
+                feature.published(kind, key, blob)
 
         nbytes = len(data) + sum(len(content) for content in files.values())
         return flight.publish_behind(key, sealed, nbytes=nbytes, what=f"{kind} entry {short_key(key)}",
@@ -334,10 +339,14 @@ class Session:
                 log.debug("compile_once: released %d unpublished claims", released)
 
     def close(self) -> None:
-        """Let the entries still being published finish (up to ``wait_timeout``), then
-        release what this ``Session`` holds."""
+        """Let the entries still being published finish (up to ``wait_timeout``), let the
+        features finish (they hear of each publish), then release what this ``Session`` holds."""
         if self._flight is not None:
-            self._flight.close(drain_timeout=self.config.wait_timeout)
+            self._flight.drain(self.config.wait_timeout)
+        for feature in self.features:
+            feature.close()
+        if self._flight is not None:
+            self._flight.close()
         self.events.compiles_ended()
         self.events.close()
 

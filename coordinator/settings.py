@@ -158,7 +158,18 @@ class Config:
         help="where ranks meet: redis://host:port/db, rediss://..., file:///dir (default: the job's TCPStore)")
     """Where ranks meet: ``None`` for the job's torch.distributed store (the TCPStore
     behind the default process group), a ``redis://``/``rediss://`` URL, a ``file://``
-    directory, a ``torch.distributed.Store`` or a ``coordinator.Store``."""
+    directory, a ``torch.distributed.Store`` or a ``coordinator.Store``. Not an object
+    store (``s3://``, ``gs://``, ``az://``): it holds no claims; see ``persist``."""
+
+    persist: str | None = _setting(
+        None, env="COORDINATOR_PERSIST", parse=_text,
+        help="keep compiled graphs between jobs behind the live store: s3://bucket/prefix, gs://..., az://..., "
+             "file:///dir, redis://... (default: none)")
+    """The persistent layer behind the live store (``coordinator.features.persistent``): an
+    object store (``s3://bucket/prefix``, ``gs://bucket/prefix``, ``az://container/prefix``),
+    a ``file://`` directory or a ``redis://``/``rediss://`` URL. A graph missing from the live
+    store is looked up here before a rank compiles it, and what the job compiles is written
+    here in the background."""
 
     secret: bytes | None = _setting(
         None, env="COORDINATOR_SECRET", parse=_text,
@@ -298,6 +309,7 @@ class Config:
         if self.trace_dir is not None and self.trace_dir.exists() and not self.trace_dir.is_dir():
             raise self._invalid("trace_dir", "exists and is not a directory")
         self._check_store()
+        self._check_persist()
 
     def _check_caches(self) -> None:
         kinds = tuple(_cache_kinds())
@@ -316,6 +328,12 @@ class Config:
                 check_store_url(self.store)
             except ConfigError as exc:
                 raise self._invalid("store", str(exc)) from None
+            if urlparse(self.store).scheme in OBJECT_SCHEMES:
+                raise self._invalid("store", "an object store keeps bundles and the persistent layer, not a job's "
+                                             "live claims: give it as persist (COORDINATOR_PERSIST) or a bundle "
+                                             "URL, and leave store unset for the job's TCPStore")
+        elif getattr(self.store, "live", True) is False:
+            raise self._invalid("store", f"{self.store!r} cannot hold a job's live claims; give it as persist")
         elif self.store is not None:
             import torch.distributed as dist
 
@@ -323,6 +341,17 @@ class Config:
             if not (isinstance(self.store, dist.Store) or callable(getattr(self.store, "add_if_absent", None))):
                 raise self._invalid("store", f"cannot use {type(self.store).__name__} as a store; give a URL, "
                                              "a torch.distributed.Store or a coordinator.Store")
+
+    def _check_persist(self) -> None:
+        if self.persist is None:
+            return
+        if not isinstance(self.persist, str):
+            raise self._invalid("persist", "must be a store URL: s3://bucket/prefix, gs://..., az://..., "
+                                           "file:///dir, redis://...")
+        try:
+            check_store_url(self.persist)
+        except ConfigError as exc:
+            raise self._invalid("persist", str(exc)) from None
 
     def _invalid(self, name: str, reason: str) -> ConfigError:
         return _invalid(name, getattr(self, name), reason)
@@ -466,8 +495,12 @@ def take_enable_switch(environ: dict[str, str] | None = None) -> bool:
     return True
 
 
+#: Object stores: URL scheme -> (the fsspec provider that reaches it, the extra that installs it).
+OBJECT_SCHEMES = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "az": ("adlfs", "azure")}
 #: The URL schemes a store can be named by (``coordinator.protocol.stores`` opens each).
-STORE_SCHEMES = ("file", "redis", "rediss")
+STORE_SCHEMES = ("file", "redis", "rediss", *OBJECT_SCHEMES)
+#: The distribution's name, for install hints.
+DISTRIBUTION = "torch-compile-coordinator"
 
 
 def check_store_url(url: str) -> None:
@@ -490,6 +523,24 @@ def check_store_url(url: str) -> None:
         raise ConfigError(f"file store URL {url!r} names a host; use file:///absolute/path")
     if parsed.scheme == "file" and not parsed.path:
         raise ConfigError(f"file store URL {url!r} names no directory; use file:///absolute/path")
+    if parsed.scheme in OBJECT_SCHEMES:
+        _check_object_url(url, parsed.scheme, parsed.netloc)
+
+
+def _check_object_url(url: str, scheme: str, netloc: str) -> None:
+    """An object store URL names a bucket (container), holds no credentials, and its provider
+    is installed (looked for, not imported)."""
+    import importlib.util
+
+    bucket = "container" if scheme == "az" else "bucket"
+    if not netloc:
+        raise ConfigError(f"object store URL {url!r} names no {bucket}; use {scheme}://{bucket}/prefix")
+    if "@" in netloc:
+        raise ConfigError(f"object store URL {url!r} holds credentials or an account; credentials come from the "
+                          "provider's own chain (environment, profile, instance role), never from the URL")
+    module, extra = OBJECT_SCHEMES[scheme]
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"{url!r} needs {module}, which is not installed: pip install \"{DISTRIBUTION}[{extra}]\"")
 
 
 def check_bundle_name(name: str) -> None:

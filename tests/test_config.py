@@ -79,7 +79,8 @@ def test_an_invalid_variable_is_named_with_the_value_given(variable, raw, messag
 
 
 @pytest.mark.parametrize("url, message", [
-    ("bogus://x", "unknown store URL scheme 'bogus' in 'bogus://x'; allowed: \\['file', 'redis', 'rediss'\\]"),
+    ("bogus://x", "unknown store URL scheme 'bogus' in 'bogus://x'; allowed: \\['az', 'file', 'gs', 'redis', 'rediss', "
+                  "'s3'\\]"),
     ("file://host/dir", "names a host"),
 ])
 def test_a_bad_store_url_fails_when_compile_once_starts(monkeypatch, url, message):
@@ -159,8 +160,9 @@ def test_compile_once_accepts_every_setting_the_readme_lists(tmp_path, monkeypat
     for env_name in listed.values():
         monkeypatch.delenv(env_name, raising=False)
     defaults = Config()
-    other = {"store": f"file://{tmp_path}", "secret": b"s", "namespace": "team", "caches": ("fx_graph",),
-             "chunk_bytes": 4096, "publish_queue_mb": 16, "trace_dir": tmp_path / "trace"}
+    other = {"store": f"file://{tmp_path}", "persist": f"file://{tmp_path / 'persist'}", "secret": b"s",
+             "namespace": "team", "caches": ("fx_graph",), "chunk_bytes": 4096, "publish_queue_mb": 16,
+             "trace_dir": tmp_path / "trace"}
     for field in dataclasses.fields(Config):
         default = getattr(defaults, field.name)
         if field.name not in other:

@@ -197,7 +197,8 @@ def test_bad_log_level_fails_before_any_worker_starts(tmp_path):
     ([], {"COORDINATOR_STORE": "file://host/dir"}, "COORDINATOR_STORE=file://host/dir: file store URL"),
     ([], {"COORDINATOR_LEASE_S": "soon"}, "COORDINATOR_LEASE_S=soon: not a number of seconds"),
     ([], {"COORDINATOR_LEASE_S": "-3"}, "COORDINATOR_LEASE_S=-3: must be a positive number of seconds"),
-    (["--coordinator-save-bundle", "s3://bucket"], {}, "--coordinator-save-bundle s3://bucket: unknown store URL"),
+    (["--coordinator-save-bundle", "ftp://bucket"], {}, "--coordinator-save-bundle ftp://bucket: unknown store URL"),
+    (["--coordinator-store", "s3://bucket/p"], {}, "--coordinator-store s3://bucket/p: an object store keeps bundles"),
     ([], {"COORDINATOR_BUNDLE_NAME": "my model"}, "COORDINATOR_BUNDLE_NAME='my model': bundle name"),
 ])
 def test_invalid_settings_fail_before_any_worker_starts(tmp_path, args, env, message):

@@ -101,6 +101,15 @@ def test_a_claim_in_the_list_form_of_earlier_versions_is_read(store, caplog):
     assert "on rank 5 on old-host (pid 99) for its key (k), past the 1s deadline; compiling locally" in caplog.text
 
 
+def test_a_mark_is_first_once(store):
+    # Every caller sets the same mark: one of them, and only one, is first.
+    flights = [flight(store, rank) for rank in range(3)]
+    assert [f.first_to_mark("k", "persisted-job") for f in flights] == [True, False, False]
+    assert flights[1].first_to_mark("k", "another") is True
+    for f in flights:
+        f.close()
+
+
 def test_abandoned_claim_releases_waiters(store):
     leader, follower = flight(store, 0), flight(store, 1)
     leader.lookup("k", blocking=True)

@@ -20,7 +20,10 @@
 #   bash benchmarks/gpu/runs.sh restart   # restarts (benchmarks/restart.py): models $MODELS (default llama phi3), the
 #                                            # 142M size, N=$RANKS (default 1; a GPU per rank over NCCL where there are
 #                                            # enough); PROFILE=1 adds a cProfile of both restarts ($LABEL-prof.tgz);
-#                                            # BYPASS=1: ours' cold job leaves the split graphs out of the store
+#                                            # BYPASS=1: ours' cold job leaves the split graphs out of the store;
+#                                            # PERSIST="moto file": also restarts from the persistent layer (a moto S3
+#                                            # server on this machine, then a file:// dir) and from a bundle in the first,
+#                                            # with the bundle's save and restore times (needs moto and s3fs: see below)
 #   bash benchmarks/gpu/runs.sh recompile-probe  # one GPU, about a minute: does max-autotune compile each GEMM
 #                                            # template choice twice (precompile, then benchmark)? under which keys
 #   bash benchmarks/gpu/runs.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
@@ -30,6 +33,9 @@
 # ROWS=none measures only the one-rank references (saved to benchmarks/results/$LABEL.json, for
 # MAC_REFS/LARGE_REFS in a later call). n2/n8 reuse the committed references; REFS= (empty)
 # measures them again on this machine.
+# moto and s3fs (PERSIST) are not on the GPU host: python3 -m pip download --only-binary=:all: --python-version 3.12
+# --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64
+# --platform any -d .whl "moto[s3]" flask flask-cors s3fs (41 wheels, 34 MB), and carry .whl; the restart step installs them.
 # py-spy is not on the GPU host: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
 # --implementation cp --platform manylinux_2_5_x86_64 -d .whl py-spy (0.4.3 checked), and carry .whl.
 # Each step stops at BUDGET_S seconds (default 570), so that one device call (10 minutes at
@@ -59,9 +65,13 @@ case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | recompile-pr
   restart)
     label=${LABEL:-gpu-restart-n${RANKS:-1}}
     rm -rf "/tmp/jl-$label" /tmp/restart-prof
+    if [ -n "${PERSIST:-}" ] && ! python3 -c "import moto.server, flask_cors, s3fs" 2>/dev/null; then
+      python3 -m pip install -q --no-index --find-links .whl "moto[s3]" flask flask-cors s3fs 2>&1 | tail -3
+    fi
     timeout "$(left)" python3 benchmarks/restart.py --label "$label" --models ${MODELS:-llama phi3} --size restart \
       --ranks ${RANKS:-1} --gpu ${PROFILE:+--profile-restarts /tmp/restart-prof} ${BYPASS:+--bypass-split-graphs} \
-      --job-logs "/tmp/jl-$label" --results-dir "$OUT" --out "$OUT/$label.md" 2>&1 | tee "$OUT/$label.log"
+      ${PERSIST:+--persist $PERSIST} --job-logs "/tmp/jl-$label" --results-dir "$OUT" --out "$OUT/$label.md" 2>&1 \
+      | tee "$OUT/$label.log"
     tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .
     if [ -n "${PROFILE:-}" ]; then tar czf "$OUT/$label-prof.tgz" -C /tmp/restart-prof .; fi
     ;;

@@ -49,7 +49,8 @@ def load_bundle(url: str, *, name: str = "default", secret: str | bytes | None =
     ``config`` gives the secret and namespace (see :mod:`coordinator.bundles.keys`).
 
     Returns:
-        ``{"fetched": bool, ...}`` with :func:`install_bundle`'s figures when fetched.
+        ``{"fetched": bool, ...}`` with :func:`install_bundle`'s figures when fetched, and
+        the seconds it took to fetch and verify (``fetch_s``) and to install (``install_s``).
     """
     cache_dir = _compat.inductor_cache_dir()
     job = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or ""
@@ -58,7 +59,11 @@ def load_bundle(url: str, *, name: str = "default", secret: str | bytes | None =
     with file_lock(os.path.join(cache_dir, ".coordinator-bundle.lock"), None):
         if os.path.exists(marker):
             return {"fetched": False}
-        result = install_bundle(fetch_bundle(url, name=name, secret=secret, config=config))
+        started = time.monotonic()
+        bundle = fetch_bundle(url, name=name, secret=secret, config=config)
+        fetched = time.monotonic()
+        result = install_bundle(bundle)
         with open(marker, "w") as f:
             f.write(str(time.time()))
-        return {"fetched": True, **result}
+        return {"fetched": True, **result, "fetch_s": round(fetched - started, 3),
+                "install_s": round(time.monotonic() - fetched, 3)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 from coordinator.bundles.format import Bundle, KernelRecord, pack_bundle, read_bundle
@@ -21,12 +22,14 @@ def save_bundle(
     max_bytes: int | None = None, blob: bytes | None = None, config: Config | None = None,
     kernels: KernelRecord | None = None,
 ) -> int:
-    """Persist this process's bundle (or ``blob``) under ``name`` in a store (``url``, or
-    ``outbox``: this node's outbox, see :func:`~coordinator.bundles.keys.bundle_url`).
+    """Persist this process's bundle (or ``blob``) under ``name`` in a store (``url``: a
+    ``redis://``, ``file://``, ``s3://``, ``gs://`` or ``az://`` URL, or ``outbox``: this
+    node's outbox, see :func:`~coordinator.bundles.keys.bundle_url`).
 
     ``config`` gives the secret and namespace and ``kernels`` the kernels to carry (a
     session's; neither given: the session :mod:`coordinator.bundles.keys` finds).
-    Readers never see a half-written bundle (the store publishes atomically). ``ttl``
+    Readers never see a half-written bundle (the store publishes atomically; an object
+    store uploads a large one in parts, one part in memory besides the bundle). ``ttl``
     expires it in Redis; ``max_bytes`` refuses larger bundles.
 
     Returns:
@@ -40,9 +43,10 @@ def save_bundle(
     if max_bytes is not None and len(blob) > max_bytes:
         raise ConfigError(f"max_bytes={max_bytes}: the bundle is {len(blob)} bytes, over this limit")
     store = open_store(bundle_url(url))
+    started = time.monotonic()
     store.set(bundle_key(name, secret=secret, config=config), blob, ttl=ttl)
     where = shown_url(url) if url == bundle_url(url) else f"{url} ({bundle_url(url)})"
-    log.info("saved a %.1f MB bundle as %r in %s", len(blob) / 1e6, name, where)
+    log.info("saved a %.1f MB bundle as %r in %s in %.2fs", len(blob) / 1e6, name, where, time.monotonic() - started)
     return len(blob)
 
 

@@ -138,6 +138,10 @@ class Feature:
         (later, or as something else)."""
         return False
 
+    def published(self, kind: str, key: str, blob: bytes) -> None:
+        """The session published ``blob``, the sealed value of ``key`` of ``kind`` (or tried
+        to: the store may have failed)."""
+
     # -- Inductor's local cache and AOTAutograd -------------------------------------------
 
     def served_locally(self, inductor_key: str, remote_value: Callable[[], bytes | None],
@@ -157,3 +161,6 @@ class Feature:
 
     def compile_ended(self) -> None:
         """An outermost compile ended."""
+
+    def close(self) -> None:
+        """Its session closes: finish, within a deadline, or stop what it does in the background."""

@@ -1,6 +1,6 @@
 """``coordinator-run``: torchrun with compile-once switched on, no code change needed.
 
-    coordinator-run [--coordinator-store URL] [--coordinator-restore URL]
+    coordinator-run [--coordinator-store URL] [--coordinator-persist URL] [--coordinator-restore URL]
                     [--coordinator-save-bundle URL] [--coordinator-bundle-name NAME]
                     [--coordinator-secret S] [--coordinator-namespace NS]
                     [--coordinator-log-level DEBUG|INFO|WARNING|ERROR]
@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 #: Our options: flag -> (the setting it gives, its value in ``--help``).
 _OPTION_SETTINGS = {
     "--coordinator-store": ("store", "URL"),
+    "--coordinator-persist": ("persist", "URL"),
     "--coordinator-secret": ("secret", "SECRET"),
     "--coordinator-restore": ("restore_bundle", "URL"),
     "--coordinator-save-bundle": ("save_bundle", "URL"),

@@ -53,6 +53,16 @@ COMMENT_KEYS = {
     "push": variable("push_bundle"),
     "config": variable("job_config"),
 }
+#: Object stores' own variables that say where a store is and which profile or key file to use,
+#: handed from the hook's environment (the site file) to the step run as the job's user. The
+#: credentials themselves are not: that step finds its own (its home's profile, a key file
+#: named here and readable by the user, the instance's role).
+OBJECT_STORE_VARIABLES = (
+    "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
+    "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CA_BUNDLE",
+    "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "STORAGE_EMULATOR_HOST",
+    "AZURE_STORAGE_ACCOUNT_NAME",
+)
 #: The job settings the hooks read from the site file, a job's config file and its comment.
 _HOOK_SETTINGS = ("restore_bundle", "push_bundle", "bundle_name", "node_cache_dir", "slurm_clean", "slurm_timeout")
 #: Variables a site file or a job's config file may set.
@@ -101,6 +111,7 @@ class SlurmJob:
         }
         if os.environ.get("PYTHONPATH"):  # where an operator installed coordinator off the default path
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        env.update({name: os.environ[name] for name in OBJECT_STORE_VARIABLES if os.environ.get(name)})
         for name, value in (("restore_bundle", self.restore_url), ("push_bundle", self.push_url),
                             ("secret", self.secret), ("node_cache_dir", self.cache_dir),
                             ("slurm_clean", "1" if self.clean else "0")):

@@ -99,7 +99,7 @@ class Stats:
         #: dataclass while the feature is on, ``None`` while it is off.
         self.features: dict[str, Any] = {}
         self.split_graphs = SplitGraphCounts()
-        #: The counts of the writer that publishes behind the compile (``coordinator.protocol.writer``).
+        #: The writer that publishes behind the compile (``coordinator.protocol.writer``), if any.
         self.writer: Any = None
         self.aot_autograd_hits: Callable[[], int] = lambda: 0
 
@@ -187,7 +187,8 @@ class Stats:
                 "by_cache": {kind: dataclasses.asdict(c) for kind, c in sorted(self.kinds.items())},
                 "graphs_skipped_aot_autograd": self.aot_autograd_hits(),
                 "ddp_split_graphs": dataclasses.asdict(self.split_graphs),
-                "publish_queue": dataclasses.asdict(self.writer) if self.writer is not None else None,
+                "publish_queue": None if self.writer is None else {
+                    name: getattr(self.writer, name) for name in ("written", "written_bytes", "refused", "failed")},
                 **{name: dataclasses.asdict(counts) if counts is not None else None
                    for name, counts in self.features.items()},
             }
@@ -227,8 +228,8 @@ class Stats:
     def _writer_summary(writer: dict | None) -> str:
         if not writer or not any(writer.values()):
             return ""
-        return (f"; published behind the compile: {writer['written']} writes (at most {writer['peak_bytes'] / 1e6:.1f} "
-                f"MB waiting), {writer['refused']} refused, {writer['failed']} failed")
+        return (f"; published behind the compile: {writer['written']} writes ({writer['written_bytes'] / 1e6:.1f} MB), "
+                f"{writer['refused']} refused, {writer['failed']} failed")
 
     def _feature_lines(self) -> list[str]:
         """Each feature's line (its counts' ``summary()``), where it has something to say."""

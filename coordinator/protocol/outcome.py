@@ -22,6 +22,7 @@ class Outcome(str, enum.Enum):
     NONBLOCKING = "nonblocking"  # another process holds the key and this one does not wait
     UNAVAILABLE = "unavailable"  # the store failed
     NODE = "node"  # found on this node (``coordinator.protocol.node``)
+    PERSISTED = "persisted"  # found in the persistent layer (``coordinator.features.persistent``)
     REJECTED = "rejected"  # a value that failed its reader's verification
 
     def __str__(self) -> str:

@@ -87,6 +87,7 @@ import hashlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
@@ -146,6 +147,7 @@ class Singleflight:
         self._describe = describe
         #: Where :meth:`publish_behind` writes run (``None``: in the caller's thread).
         self.writer = writer
+        self._told_full = False
         self.events = events
         #: Block on the claimant's signals (heartbeats, end, moved) where the store can;
         #: False polls them.
@@ -362,12 +364,12 @@ class Singleflight:
         return True
 
     def publish_behind(self, key: str, value: Callable[[], bytes], *, nbytes: int, what: str,
-                       published: Callable[[bool, int], None] | None = None) -> bool:
+                       published: Callable[[bool, bytes], None] | None = None) -> bool:
         """Publish ``key``'s value behind the caller: ``value()`` (which may seal and copy
         it) and :meth:`publish` run in the writer, in the order given, and then
-        ``published(ok, len(value))``. The claim on ``key`` is handed off meanwhile: it
-        ends without waiting on anything, so this process may wait on other claims while
-        it is written. Its waiters keep waiting, on its heartbeat, until it is published.
+        ``published(ok, value)``. The claim on ``key`` is handed off meanwhile: it ends
+        without waiting on anything, so this process may wait on other claims while it is
+        written. Its waiters keep waiting, on its heartbeat, until it is published.
 
         Returns:
             False if the writer refused it (its queue is full): the claim is abandoned at
@@ -381,7 +383,7 @@ class Singleflight:
                 raise
             ok = self.publish(key, blob)
             if published is not None:
-                published(ok, len(blob))
+                published(ok, blob)
 
         if self.writer is None:
             write()
@@ -389,6 +391,11 @@ class Singleflight:
         self._claims.hand_off(key)
         if self.writer.submit(what, nbytes, write):
             return True
+        if not self._told_full:
+            self._told_full = True
+            log.warning("compile_once: %.1f MB wait to be published, the bound is %.1f MB (publish_queue_mb): %s is "
+                        "not published; other ranks compile it", self.writer.pending()[1] / 1e6,
+                        self.writer.max_bytes / 1e6, what)
         self.abandon(key, publishing=True)
         return False
 
@@ -399,7 +406,9 @@ class Singleflight:
             StoreError: the store failed (the caller decides; the next publish or lookup
                 finds the store failed and records it).
         """
-        return self.store.add_if_absent(f"n/{key}/{mark}", b"1")
+        # A value of this call's own: a store whose create-if-absent returns the value it
+        # found (the c10d store's compare_set) must not tell a second setter it was first.
+        return self.store.add_if_absent(f"n/{key}/{mark}", uuid.uuid4().hex.encode())
 
     def abandon(self, key: str, *, publishing: bool = False) -> None:
         """Tell waiters that this process will not publish ``key``. A claim whose value is
@@ -424,11 +433,24 @@ class Singleflight:
             self.abandon(key)
         return len(keys)
 
-    def close(self, drain_timeout: timedelta = timedelta(seconds=0)) -> None:
-        """Let the writes behind the compile finish (up to ``drain_timeout``), abandon the
-        claims still held (those whose writes did not finish too), stop the heartbeat thread."""
+    def drain(self, timeout: timedelta) -> bool:
+        """Let the writes behind the compile finish, up to ``timeout``; whether all did."""
+        if self.writer is None:
+            return True
+        writes, nbytes = self.writer.pending()
+        if writes and self.writer.drain(timeout):
+            return True
+        if writes:
+            log.warning("compile_once: %d entries (%.1f MB) were not published within %.0fs; the ranks or jobs that "
+                        "need them compile them", writes, nbytes / 1e6, timeout.total_seconds())
+            return False
+        return True
+
+    def close(self) -> None:
+        """Stop the writer (what it has not written is lost), abandon the claims still held,
+        stop the heartbeat thread."""
         if self.writer is not None:
-            self.writer.drain(drain_timeout, timedelta(seconds=self.progress_interval))
+            self.writer.close()
         for key in self._claims.keys(publishing=True):
             self.abandon(key, publishing=True)
         self._claims.heartbeat.stop()

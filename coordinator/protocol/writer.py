@@ -1,28 +1,19 @@
-"""Writes behind the compile: a rank's store writes, in one background thread.
+"""Writes that must not sit on a compile's critical path, done by a thread of their own.
 
-A rank that compiled a graph publishes its entries (sealed, copied to the node, written to
-the store), and a job that persists its compile writes them further; none of that is the
-compile's business. :class:`BackgroundWriter` takes each write as a function and runs it in
-a thread of its own, in the order given, so that the compile goes on at once:
-
-* **Bounded.** The writes waiting hold at most ``max_bytes`` (their values' sizes as the
-  submitter gives them). A write that would pass the bound is refused at once
-  (:meth:`BackgroundWriter.submit` returns False, the first refusal is logged): the
-  caller gives up what it meant to write (a claim it releases), so that a slow store
-  costs other ranks a compile, never this rank's time. ``max_bytes=0`` runs every write in
-  the caller's thread, as it comes.
-* **Drained.** :meth:`BackgroundWriter.drain` waits until every write submitted so far
-  has run, up to a deadline, with a progress line while it waits; a session drains its
-  writer when it closes, so a process that exits normally loses nothing. A process that
-  dies loses the writes still waiting: what they carried is missing from the store, and
-  the next rank or job to need it compiles it.
-* **Never fatal.** A write that raises is logged and counted; the next one runs.
+A :class:`BackgroundWriter` takes writes (what it is, its size, a function that does it)
+and runs them one after another on a daemon thread, in the order given. Its queue is
+bounded by bytes: a write that would take it past ``max_bytes`` is refused (``submit``
+returns False) rather than holding more memory or making the caller wait (one larger
+than ``max_bytes`` is taken only into an empty queue). At the end,
+:meth:`BackgroundWriter.drain` waits for what is queued until a deadline, logging a
+progress line while it waits, and :meth:`BackgroundWriter.close` stops the thread and drops
+what is left. A write that raises is logged and counted; the ones after it still run (a
+caller that wants to stop after a failure makes its own writes do nothing).
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import threading
 import time
@@ -32,106 +23,105 @@ from datetime import timedelta
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
-class WriterCounts:
-    """What one writer did."""
-
-    #: Writes run (in the background or, with no bound, in the caller's thread).
-    written: int = 0
-    #: Writes refused because the queue was full.
-    refused: int = 0
-    #: Writes that raised.
-    failed: int = 0
-    #: The most bytes that waited at once.
-    peak_bytes: int = 0
-
-
 class BackgroundWriter:
-    """Runs submitted writes in one daemon thread, in order, within a byte bound."""
+    """One daemon thread running submitted writes in order, at most ``max_bytes`` queued."""
 
-    def __init__(self, name: str, max_bytes: int) -> None:
+    def __init__(self, name: str, max_bytes: int, *, progress_interval: timedelta = timedelta(seconds=10)) -> None:
         self.name = name
         self.max_bytes = max_bytes
-        self.counts = WriterCounts()
+        self.progress_interval = progress_interval.total_seconds()
         self._queue: collections.deque[tuple[str, int, Callable[[], None]]] = collections.deque()
-        self._bytes = 0  # waiting or running
-        self._running = 0
-        self._cond = threading.Condition()
+        self._queued_bytes = 0
+        self._running: tuple[str, int] | None = None
+        self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._told_full = False
+        self._closed = False
+        #: Writes done, writes that raised, writes refused (queue full or closed).
+        self.written = self.failed = self.refused = 0
+        #: Bytes of the writes done.
+        self.written_bytes = 0
 
-    def submit(self, what: str, nbytes: int, write: Callable[[], None]) -> bool:
-        """Run ``write`` (described as ``what``, carrying ``nbytes``) behind the caller.
+    def submit(self, what: str, nbytes: int, fn: Callable[[], None]) -> bool:
+        """Queue ``fn`` (a write of ``nbytes`` bytes, described as ``what`` in log lines).
 
         Returns:
-            False if it was refused (the queue holds too many bytes already): it will
-            never run.
+            False if it was refused: the queue would hold more than ``max_bytes``, or the
+            writer is closed.
         """
-        if self.max_bytes <= 0:
-            self._run(what, write)
-            return True
-        with self._cond:
-            if self._bytes and self._bytes + nbytes > self.max_bytes:
-                self.counts.refused += 1
-                if not self._told_full:
-                    self._told_full = True
-                    log.warning("compile_once: the %s queue holds %.1f MB, its bound is %.1f MB: %s is not "
-                                "written (the store is slower than the compile; other ranks compile what is not "
-                                "published)", self.name, self._bytes / 1e6, self.max_bytes / 1e6, what)
+        with self._changed:
+            if self._closed or (self._queued_bytes + nbytes > self.max_bytes and self._queue):
+                self.refused += 1
                 return False
-            self._queue.append((what, nbytes, write))
-            self._bytes += nbytes
-            self.counts.peak_bytes = max(self.counts.peak_bytes, self._bytes)
+            self._queue.append((what, nbytes, fn))
+            self._queued_bytes += nbytes
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=f"coordinator-{self.name}", daemon=True)
+                self._thread = threading.Thread(target=self._run, name=f"coordinator-{self.name}", daemon=True)
                 self._thread.start()
-            self._cond.notify_all()
+            self._changed.notify_all()
         return True
 
-    def pending(self) -> int:
-        """Writes submitted and not yet finished."""
-        with self._cond:
-            return len(self._queue) + self._running
+    def pending(self) -> tuple[int, int]:
+        """(writes queued or running, their bytes)."""
+        with self._changed:
+            running = self._running
+            return (len(self._queue) + (running is not None),
+                    self._queued_bytes + (running[1] if running is not None else 0))
 
-    def drain(self, timeout: timedelta, progress_interval: timedelta = timedelta(seconds=10)) -> bool:
-        """Wait until every write submitted so far has run, at most ``timeout``, logging
-        what is left every ``progress_interval``. Returns whether all ran."""
-        deadline = time.monotonic() + timeout.total_seconds()
-        next_line = time.monotonic() + progress_interval.total_seconds()
-        with self._cond:
-            while self._queue or self._running:
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._queue and not self._closed:
+                    self._changed.wait()
+                if self._closed:
+                    return
+                what, nbytes, fn = self._queue.popleft()
+                self._queued_bytes -= nbytes
+                self._running = (what, nbytes)
+            try:
+                fn()
+                ok = True
+            except Exception as exc:  # one failed write must not stop the others
+                log.warning("%s: %s failed: %s", self.name, what, exc)
+                ok = False
+            with self._changed:
+                self._running = None
+                if ok:
+                    self.written += 1
+                    self.written_bytes += nbytes
+                else:
+                    self.failed += 1
+                self._changed.notify_all()
+
+    def drain(self, timeout: timedelta | float) -> bool:
+        """Wait until every queued write has run, or ``timeout`` passes; log progress every
+        ``progress_interval`` meanwhile.
+
+        Returns:
+            Whether nothing is left.
+        """
+        timeout_s = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        started = time.monotonic()
+        deadline = started + timeout_s
+        next_line = started + self.progress_interval
+        with self._changed:
+            while self._queue or self._running is not None:
                 now = time.monotonic()
                 if now >= deadline:
-                    log.warning("compile_once: %d %s writes (%.1f MB) did not finish within %.0fs; the next job "
-                                "compiles what they carried", len(self._queue) + self._running, self.name,
-                                self._bytes / 1e6, timeout.total_seconds())
                     return False
                 if now >= next_line:
-                    log.info("compile_once: finishing %d %s writes (%.1f MB) before exit",
-                             len(self._queue) + self._running, self.name, self._bytes / 1e6)
-                    next_line = now + progress_interval.total_seconds()
-                self._cond.wait(min(deadline, next_line) - now)
+                    writes = len(self._queue) + (self._running is not None)
+                    log.info("%s: waiting for %d writes (%.1f MB) to finish, %.0fs of %.0fs", self.name, writes,
+                             (self._queued_bytes + (self._running[1] if self._running else 0)) / 1e6,
+                             now - started, timeout_s)
+                    next_line = now + self.progress_interval
+                self._changed.wait(min(deadline, next_line) - now)
         return True
 
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue:
-                    self._cond.wait()
-                what, nbytes, write = self._queue.popleft()
-                self._running = 1
-            try:
-                self._run(what, write)
-            finally:
-                with self._cond:
-                    self._running = 0
-                    self._bytes -= nbytes
-                    self._cond.notify_all()
-
-    def _run(self, what: str, write: Callable[[], None]) -> None:
-        try:
-            write()
-            self.counts.written += 1
-        except Exception:
-            self.counts.failed += 1
-            log.warning("compile_once: writing %s failed", what, exc_info=True)
+    def close(self) -> None:
+        """Stop taking writes and stop the thread once the write it runs ends; queued ones
+        are dropped."""
+        with self._changed:
+            self._closed = True
+            self._queue.clear()
+            self._queued_bytes = 0
+            self._changed.notify_all()

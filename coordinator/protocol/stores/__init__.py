@@ -1,19 +1,21 @@
 """Stores: where ranks meet. One interface, implementations chosen in one place.
 
 :func:`open_store` turns a setting into a :class:`Store`: ``None`` means the job's
-torch.distributed store, a URL picks Redis or a directory, and a store object is
+torch.distributed store, a URL picks Redis, a directory or an object store (S3, GCS,
+Azure: bundles and the persistent layer, never live claims), and a store object is
 wrapped or passed through. Backends with optional dependencies are imported only
 when chosen.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from coordinator.errors import ConfigError, StoreError
 from coordinator.protocol.stores.base import Store
-from coordinator.settings import STORE_SCHEMES, check_store_url
+from coordinator.settings import OBJECT_SCHEMES, STORE_SCHEMES, check_store_url
 
 __all__ = ["Store", "check_store_url", "open_store", "shown_url"]
 
@@ -30,8 +32,23 @@ def _open_file(url: str, chunk_bytes: int) -> Store:
     return FileStore(unquote(urlparse(url).path))
 
 
+#: The object stores this process opened, by URL (see ``coordinator.protocol.stores.objects``).
+_object_stores: dict[str, Store] = {}
+_object_stores_lock = threading.Lock()
+
+
+def _open_objects(url: str, chunk_bytes: int) -> Store:
+    from coordinator.protocol.stores.objects import ObjectStore
+
+    with _object_stores_lock:
+        if url not in _object_stores:
+            _object_stores[url] = ObjectStore(url)
+        return _object_stores[url]
+
+
 #: How each URL scheme of ``settings.STORE_SCHEMES`` is opened.
-_URL_SCHEMES = {"redis": _open_redis, "rediss": _open_redis, "file": _open_file}
+_URL_SCHEMES = {"redis": _open_redis, "rediss": _open_redis, "file": _open_file,
+                **dict.fromkeys(OBJECT_SCHEMES, _open_objects)}
 assert sorted(_URL_SCHEMES) == sorted(STORE_SCHEMES)
 
 
@@ -57,7 +74,8 @@ def open_store(spec: Any = None, *, chunk_bytes: int = 64 * 1024 * 1024) -> Stor
 
     Args:
         spec: ``None`` (the default process group's store), a URL (``redis://``,
-            ``rediss://``, ``file://``), a ``torch.distributed.Store`` or a ``Store``.
+            ``rediss://``, ``file://``; ``s3://``, ``gs://``, ``az://`` for bundles and the
+            persistent layer), a ``torch.distributed.Store`` or a ``Store``.
         chunk_bytes: largest single Redis value.
 
     Raises:

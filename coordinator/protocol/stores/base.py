@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -31,11 +32,24 @@ def check_key(key: str) -> str:
     return key
 
 
+@dataclasses.dataclass(frozen=True)
+class StoredEntry:
+    """A key as :meth:`Store.list_entries` lists it: its size, and when it was written
+    (seconds since the epoch) where the store knows."""
+
+    key: str
+    size: int
+    modified: float | None = None
+
+
 class Store(abc.ABC):
     """A byte-valued key-value store shared by all ranks of a job (or by many jobs)."""
 
     #: Short name used in log lines and stats.
     name: str = "store"
+    #: Whether it can hold a job's live claims and signals (:meth:`add_if_absent`, :meth:`watch`);
+    #: an object store holds bundles and the persistent layer only.
+    live: bool = True
 
     @abc.abstractmethod
     def get(self, key: str) -> bytes | None:
@@ -66,6 +80,16 @@ class Store(abc.ABC):
         """Keys that start with ``prefix`` (for listing bundles); not every backend can."""
         raise NotImplementedError(f"{type(self).__name__} cannot list keys")
 
+    def list_entries(self, prefix: str) -> list[StoredEntry]:
+        """:meth:`list_keys` with each key's size and time of writing. This default reads
+        every value for its size and knows no time; backends that can ask for both do."""
+        entries = []
+        for key in self.list_keys(prefix):
+            value = self.get(key)
+            if value is not None:
+                entries.append(StoredEntry(key, len(value)))
+        return entries
+
     def signal(self, key: str, value: bytes) -> None:
         """Write a small, write-once ``value`` under ``key`` and wake whoever watches it
         (:meth:`watch`)."""
@@ -75,6 +99,11 @@ class Store(abc.ABC):
     def watch(self, prefix: str) -> Iterator[Watch]:
         """Wait for keys under ``prefix`` written with :meth:`signal`. This default polls."""
         yield PollingWatch(self)
+
+    def connect(self) -> None:  # noqa: B027 - most stores connect at their first call, any time
+        """Open the connection now, so that a call made while the interpreter exits (an
+        ``atexit`` handler, which can no longer start the threads some clients need to
+        connect) finds it open. Never raises: a store that is down fails its later calls."""
 
     def prepare_watch(self) -> None:  # noqa: B027 - a polling store has nothing to open
         """Open now what a :meth:`watch` will need (a connection of its own), so that the
@@ -152,6 +181,9 @@ class TimedStore(Store):
 
     def list_keys(self, prefix: str) -> list[str]:
         return self._timed(self.inner.list_keys, prefix)
+
+    def list_entries(self, prefix: str) -> list[StoredEntry]:
+        return self._timed(self.inner.list_entries, prefix)
 
     def signal(self, key: str, value: bytes) -> None:
         self._timed(self.inner.signal, key, value)

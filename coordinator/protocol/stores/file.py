@@ -15,7 +15,7 @@ import uuid
 from datetime import timedelta
 
 from coordinator.errors import StoreError
-from coordinator.protocol.stores.base import Store, check_key
+from coordinator.protocol.stores.base import Store, StoredEntry, check_key
 
 
 class FileStore(Store):
@@ -81,6 +81,16 @@ class FileStore(Store):
                 if key.startswith(prefix):
                     keys.append(key)
         return sorted(keys)
+
+    def list_entries(self, prefix: str) -> list[StoredEntry]:
+        entries = []
+        for key in self.list_keys(prefix):
+            try:
+                st = os.stat(self._path(key))
+            except FileNotFoundError:
+                continue
+            entries.append(StoredEntry(key, st.st_size, st.st_mtime))
+        return entries
 
     def delete(self, key: str) -> None:
         try:
