@@ -24,6 +24,9 @@
 #                                            # PERSIST="moto file": also restarts from the persistent layer (a moto S3
 #                                            # server on this machine, then a file:// dir) and from a bundle in the first,
 #                                            # with the bundle's save and restore times (needs moto and s3fs: see below)
+#   bash benchmarks/gpu/runs.sh split-cold  # cold starts, stock against ours (benchmarks/split_cold.py): models $MODELS
+#                                            # (default llama phi3), the 142M size, N=$RANKS (default 4), jobs in
+#                                            # $ORDER (stock-first or ours-first): steps, AOTAutograd misses, shares per frame
 #   bash benchmarks/gpu/runs.sh recompile-probe  # one GPU, about a minute: does max-autotune compile each GEMM
 #                                            # template choice twice (precompile, then benchmark)? under which keys
 #   bash benchmarks/gpu/runs.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
@@ -61,7 +64,15 @@ SMALL="--dim 512 --seq 256 --layers 4"
 LARGE="--dim 768 --seq 512 --layers 12"
 REFS=${REFS-benchmarks/results/gpu-small-default-references.json}
 
-case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | recompile-probe | mac | repeated | restart}" in
+case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | recompile-probe | mac | repeated | restart | split-cold}" in
+  split-cold)
+    label=${LABEL:-gpu-split-cold-n${RANKS:-4}}
+    rm -rf "/tmp/jl-$label"
+    timeout "$(left)" python3 benchmarks/split_cold.py --label "$label" --models ${MODELS:-llama phi3} --size restart \
+      --ranks ${RANKS:-4} --order ${ORDER:-stock-first} --gpu --job-logs "/tmp/jl-$label" --results-dir "$OUT" \
+      --out "$OUT/$label.md" 2>&1 | tee "$OUT/$label.log"
+    tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .
+    ;;
   restart)
     label=${LABEL:-gpu-restart-n${RANKS:-1}}
     rm -rf "/tmp/jl-$label" /tmp/restart-prof
