@@ -23,6 +23,7 @@ import os
 import runpy
 import sys
 import threading
+import weakref
 from pathlib import Path
 
 _where = threading.local()
@@ -54,6 +55,11 @@ def install(out: Path) -> None:
     logger.addHandler(logging.NullHandler())
 
     original_key = autograd_cache.autograd_cache_key
+    numbers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a split frame -> its number here
+
+    def number(frame) -> int:
+        with lock:
+            return numbers.setdefault(frame, len(numbers))
 
     def autograd_cache_key(*args, **kwargs):
         key, lines = original_key(*args, **kwargs)
@@ -67,7 +73,7 @@ def install(out: Path) -> None:
             return key, lines
         context = torch._guards.TracingContext.try_get()
         shape_env = context.fake_mode.shape_env if context is not None and context.fake_mode else None
-        record = {"rank": rank, "who": who, "frame": frame.identity(), "index": index, "key": key,
+        record = {"rank": rank, "who": who, "frame": number(frame), "index": index, "key": key,
                   "lines": lines, "shape_env": _shape_env_state(shape_env)}
         with lock:
             sink.write(json.dumps(record) + "\n")
@@ -75,6 +81,13 @@ def install(out: Path) -> None:
         return key, lines
 
     autograd_cache.autograd_cache_key = autograd_cache_key
+    original_init = split_frames.SplitFrame.__init__
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        number(self)  # frames numbered as this process splits them: alike on every rank
+
+    split_frames.SplitFrame.__init__ = init
     original_compile = split_frames.SplitFrame.compile
 
     def compile(self, index):
@@ -90,12 +103,10 @@ def install(out: Path) -> None:
 def compare(directory: Path) -> None:
     records = [json.loads(line) for path in sorted(directory.glob("keys-rank*.jsonl"))
                for line in path.read_text().splitlines() if line.strip()]
-    frames = sorted({r["frame"] for r in records}, key=lambda f: min(i for i, r in enumerate(records)
-                                                                     if r["frame"] == f))
-    for number, frame in enumerate(frames):
+    for frame in sorted({r["frame"] for r in records}):
         mine = [r for r in records if r["frame"] == frame]
         indices = sorted({r["index"] for r in mine})
-        print(f"frame {number} ({frame[:12]}): {len(indices)} submodules")
+        print(f"frame {frame}: {len(indices)} submodules")
         for index in indices:
             shares = [r for r in mine if r["index"] == index and r["who"] == "share"]
             chains = [r for r in mine if r["index"] == index and r["who"] == "chain"]
@@ -111,9 +122,9 @@ def compare(directory: Path) -> None:
                 continue
             theirs, ours = set(share["lines"]), set(chain["lines"])
             for line in sorted(theirs - ours):
-                print(f"      share: {line[:400]}")
+                print(f"      share: {line[:600]}")
             for line in sorted(ours - theirs):
-                print(f"      chain: {line[:400]}")
+                print(f"      chain: {line[:600]}")
             for field in ("replacements", "divisible", "guards"):
                 if share["shape_env"].get(field) != chain["shape_env"].get(field):
                     print(f"      shape env {field}: share {share['shape_env'].get(field)}")

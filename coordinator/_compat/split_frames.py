@@ -33,9 +33,12 @@ Private names: ``_dynamo.backends.distributed.SubmodCompiler`` (``run``,
 siblings, ``aot_graph_name``), ``_functorch._aot_autograd.graph_compile._cache_autograd_info``
 (returns the ``try_save_cache_entry`` a lazily compiled backward calls), the deferred
 backward of ``_compat.backward``; ``ShapeEnv`` (its attributes, ``suppress_guards``,
-``_version_counter``, ``_prev_cache_key``, ``_get_key``, its methods' ``lru_cache``s),
-``fake_tensor.disable_fake_tensor_cache``. Read from the sources of 2.11.0, 2.13.0 and 2.14.1
-(``SubmodCompiler`` differs only in ``compiler_configs``, from 2.13).
+``_version_counter``, ``_prev_cache_key``, ``_get_key``, its methods' ``lru_cache``s,
+``duck_shape``, ``val_to_var``, ``create_symintnode``), ``fake_tensor.disable_fake_tensor_cache``,
+Inductor's ``_is_inductor_static`` tag, AOTAutograd's ``autograd_cache_hit`` counter. Read from
+the sources of 2.11.0, 2.13.0 and 2.14.1 (``SubmodCompiler`` differs only in
+``compiler_configs``, from 2.13); the keys of shares and chain compared on torch 2.11 with one
+H100 (``benchmarks/tools/split_key_probe.py``) and on 2.13 and 2.14.1 on CPU (the tests).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class SplitFrame:
     """One frame DDPOptimizer split into submodules, before its chain compiles them."""
 
     def __init__(self, submod_compiler: Any, example_inputs: tuple[Any, ...]) -> None:
+        import sympy
         import torch
 
         self._compiler = submod_compiler
@@ -73,6 +77,7 @@ class SplitFrame:
         self._pending: Iterator[Any] = iter(())
         self._placeholders: Iterator[Any] = iter(())
         self._torch = torch
+        self._sympy = sympy
 
     def __len__(self) -> int:
         return len(self.submodules)
@@ -98,10 +103,12 @@ class SplitFrame:
         uncompiled on fake tensors (as DDPOptimizer runs a submodule it did not compile).
 
         The chain hands a submodule the frame's inputs as Dynamo passed them (a size that
-        Dynamo made symbolic may come as a plain int, as on torch 2.11), and the earlier
-        submodules' outputs as AOTAutograd traced them, in the frame's symbols. So the
-        propagation runs on the symbols Dynamo traced (a placeholder's ``example_value``),
-        and a submodule is handed each frame input as the chain hands it."""
+        Dynamo made symbolic comes as a plain int on torch 2.11), and the earlier
+        submodules' outputs as AOTAutograd traced them, in the frame's symbols:
+        AOTAutograd makes such an int symbolic again, and duck sizing gives it the frame's
+        symbol of that value (``process_inputs``). So the propagation runs on that symbol
+        (:meth:`_as_traced`), and a submodule is handed each frame input as the chain
+        hands it."""
         from torch._dynamo.utils import deepcopy_to_fake_tensor, to_fake_tensor
 
         torch, fake_mode = self._torch, self._fake_mode
@@ -119,9 +126,7 @@ class SplitFrame:
             node = next(self._pending)
             if node.op == "placeholder":
                 passed = next(self._placeholders)
-                traced = node.meta.get("example_value")
-                symbolic = isinstance(passed, int) and isinstance(traced, torch.SymInt)
-                self._env[node] = traced if symbolic else passed
+                self._env[node] = self._as_traced(passed)
                 self._as_passed[node] = passed
             elif node.op == "call_function":  # getitem of a submodule's outputs
                 self._env[node] = node.target(*[self._env[a] if isinstance(a, torch.fx.Node) else a
@@ -135,6 +140,18 @@ class SplitFrame:
                     module = deepcopy_to_fake_tensor(self.fetch(node), fake_mode)
                     self._env[node] = module(*args)
         return self._propagated[index]
+
+    def _as_traced(self, value: Any) -> Any:
+        """A frame input as AOTAutograd traces it: a plain int that duck sizing maps to
+        one of the frame's symbols is that symbol (as ``process_inputs`` makes it, with
+        ``ShapeEnv.create_symbol``'s default duck sizing); anything else as it is."""
+        shape_env = self._fake_mode.shape_env
+        if type(value) is not int or shape_env is None or not shape_env.duck_shape:
+            return value
+        symbol = shape_env.val_to_var.get(value)
+        if not isinstance(symbol, self._sympy.Symbol):  # not seen, or 0 and 1 (constants)
+            return value
+        return shape_env.create_symintnode(symbol, hint=value)
 
     def fetch(self, node: Any) -> Any:
         return self._compiler.fetch_attr(str(node.target))
