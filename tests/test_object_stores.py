@@ -246,7 +246,8 @@ def test_bundle_commands_on_s3_list_sizes_and_ages_and_remove(s3_server, tmp_pat
     capsys.readouterr()
     assert main(["bundle", "rm", url, "nightly"]) == 0
     assert main(["bundle", "rm", url, "--older-than", "3600"]) == 0  # weekly is seconds old: kept
-    assert capsys.readouterr().out == f"removed {bundle_key('nightly')} from {url}\nno bundles older than 3600s in {url}\n"
+    assert capsys.readouterr().out == (f"removed {bundle_key('nightly')} from {url}\n"
+                                       f"no bundles older than 3600s in {url}\n")
     time.sleep(1.1)
     assert main(["bundle", "rm", url, "--older-than", "1"]) == 0
     assert capsys.readouterr().out == f"removed {bundle_key('weekly')} from {url}\n"

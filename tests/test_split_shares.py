@@ -73,12 +73,13 @@ def test_the_ranks_compile_a_share_each_and_train_as_stock_does(job, tmp_path):
         assert r.report["split_graphs"]["shape_envs"] == cold.report["split_graphs"]["shape_envs"]
 
 
-def test_a_recompile_shares_every_graph_as_on_a_gpu_with_torch_2_11(job, tmp_path):
-    # What a GPU job on torch 2.11 shows the frames: the recompile's symbolic batch size
-    # reaches DDPOptimizer as a plain int, from which the first bucket makes a table that
-    # every later bucket reads; and a backward compiled at once tags the forward outputs
-    # DDPOptimizer hands on. Every share of both frames is still the chain's.
-    options = {**OPTIONS, "model": "positions", "tag_static_inputs": True, "int_sizes": True}
+def test_a_recompile_shares_every_graph_of_a_model_with_rotary_like_tables(job, tmp_path):
+    # What HF Llama (transformers 5.17) on a GPU shows the frames: the first bucket makes a
+    # table from the recompile's symbolic size by a product under no_grad (on torch 2.11,
+    # C++'s matmul run outside the Python dispatcher makes it static), and every later bucket
+    # reads it; a backward compiled at once tags the forward outputs DDPOptimizer hands on
+    # (Inductor on a GPU, emulated here). Every share of both frames is still the chain's.
+    options = {**OPTIONS, "model": "positions", "tag_static_inputs": True}
     stock = job(1, {**options, "coordinator": False}, name="stock")
     require_success(stock)
     trace = tmp_path / "trace"

@@ -29,8 +29,6 @@ Options:
         does on a GPU before it looks the graph up (its cache keys then read their storage
         offset and size), so that CPU runs see what GPU runs see: a backward compiled
         eagerly (it saves symbolic sizes) tags forward outputs DDPOptimizer hands on
-    int_sizes: hand DDPOptimizer a frame's symbolic sizes as plain ints (their hints), as
-        Dynamo does on torch 2.11 (AOTAutograd maps each back to its symbol)
     record_split: report what DDPOptimizer handed each submodule's compile (the fake
         inputs' sizes, strides, offsets, dtypes, storage sizes, attributes) and, per frame, which
         buckets hit AOTAutograd's cache, which bucket each lazily compiled backward
@@ -286,15 +284,24 @@ class FusedQKV(torch.nn.Module):
 
 class Positions(FusedQKV):
     """``FusedQKV`` with a table of the batch's positions that scales each layer's input,
-    as a rotary embedding's tables do: made in the first bucket, saved there for the
-    backward (a product's gradient reads it), and handed to every later bucket."""
+    made as HF Llama's rotary tables are (transformers 5.17): under ``no_grad``, the product
+    of a buffer and an ``arange`` of the frame's symbolic size by ``@``. Made in the first
+    bucket, saved there for the backward (the scaling's gradient reads it), and handed to
+    every later bucket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("rates", torch.linspace(0.01, 0.04, 4))
 
     def forward(self, x):
         batch = x.shape[0]
-        table = 1 + torch.arange(batch, dtype=x.dtype).view(batch, 1, 1) * 0.01
+        with torch.no_grad():
+            positions = torch.arange(batch, dtype=x.dtype)
+            table = (self.rates[None, :, None] @ positions[None, None, :]).transpose(1, 2)  # [1, batch, 4]
+        scale = 1 + table.reshape(batch, 4, 1)
         h = self.embed(x.view(batch, 4, 128))
         for layer in self.layers:
-            h = layer(h * table)
+            h = layer(h * scale)
         return self.head(h)
 
 
@@ -412,25 +419,6 @@ def record_split_graphs() -> dict:
     return record
 
 
-def int_sizes() -> None:
-    """Option ``int_sizes``: DDPOptimizer gets a frame's symbolic sizes as ints, each found
-    again by its value (duck sizing) when AOTAutograd makes it symbolic, as on torch 2.11."""
-    from torch._dynamo.backends.distributed import DDPOptimizer
-
-    compile_fn = DDPOptimizer.compile_fn
-
-    def compile_with_ints(self, gm, example_inputs):
-        ints = []
-        for x in example_inputs:
-            if isinstance(x, torch.SymInt):
-                x.node.shape_env.val_to_var.setdefault(int(x.node.hint), x.node.expr)
-                x = int(x.node.hint)
-            ints.append(x)
-        return compile_fn(self, gm, ints)
-
-    DDPOptimizer.compile_fn = compile_with_ints
-
-
 def tag_static_inputs() -> None:
     """Option ``tag_static_inputs``: Inductor's GPU-only tagging of static inputs, on any device."""
     import torch._inductor.compile_fx as compile_fx
@@ -505,8 +493,6 @@ def main() -> None:
     split_record = record_split_graphs() if options.get("record_split") else None
     if options.get("tag_static_inputs"):
         tag_static_inputs()
-    if options.get("int_sizes"):
-        int_sizes()
     torch.manual_seed(1)
     shapes = options.get("shapes") or [8] * options.get("steps", 2)
     if kind == "conv":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import logging
 import os
@@ -56,10 +57,13 @@ def install(out: Path) -> None:
 
     original_key = autograd_cache.autograd_cache_key
     numbers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a split frame -> its number here
+    counter = itertools.count()
 
     def number(frame) -> int:
         with lock:
-            return numbers.setdefault(frame, len(numbers))
+            if frame not in numbers:
+                numbers[frame] = next(counter)
+            return numbers[frame]
 
     def autograd_cache_key(*args, **kwargs):
         key, lines = original_key(*args, **kwargs)

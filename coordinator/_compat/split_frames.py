@@ -33,12 +33,13 @@ Private names: ``_dynamo.backends.distributed.SubmodCompiler`` (``run``,
 siblings, ``aot_graph_name``), ``_functorch._aot_autograd.graph_compile._cache_autograd_info``
 (returns the ``try_save_cache_entry`` a lazily compiled backward calls), the deferred
 backward of ``_compat.backward``; ``ShapeEnv`` (its attributes, ``suppress_guards``,
-``_version_counter``, ``_prev_cache_key``, ``_get_key``, its methods' ``lru_cache``s,
-``duck_shape``, ``val_to_var``, ``create_symintnode``), ``fake_tensor.disable_fake_tensor_cache``,
+``_version_counter``, ``_prev_cache_key``, ``_get_key``, its methods' ``lru_cache``s),
+``fake_tensor.disable_fake_tensor_cache``, ``_dispatch.python.enable_python_dispatcher``,
 Inductor's ``_is_inductor_static`` tag, AOTAutograd's ``autograd_cache_hit`` counter. Read from
 the sources of 2.11.0, 2.13.0 and 2.14.1 (``SubmodCompiler`` differs only in
-``compiler_configs``, from 2.13); the keys of shares and chain compared on torch 2.11 with one
-H100 (``benchmarks/tools/split_key_probe.py``) and on 2.13 and 2.14.1 on CPU (the tests).
+``compiler_configs``, from 2.13); the keys of shares and chain compared field by field
+(``benchmarks/tools/split_key_probe.py``) on torch 2.11 with one H100, and on 2.11, 2.13 and
+2.14.1 on CPU (the tests).
 """
 
 from __future__ import annotations
@@ -64,7 +65,6 @@ class SplitFrame:
     """One frame DDPOptimizer split into submodules, before its chain compiles them."""
 
     def __init__(self, submod_compiler: Any, example_inputs: tuple[Any, ...]) -> None:
-        import sympy
         import torch
 
         self._compiler = submod_compiler
@@ -77,7 +77,6 @@ class SplitFrame:
         self._pending: Iterator[Any] = iter(())
         self._placeholders: Iterator[Any] = iter(())
         self._torch = torch
-        self._sympy = sympy
 
     def __len__(self) -> int:
         return len(self.submodules)
@@ -100,70 +99,45 @@ class SplitFrame:
 
     def inputs(self, index: int) -> list[Any]:
         """Submodule ``index``'s fake inputs, derived by running the submodules before it
-        uncompiled on fake tensors (as DDPOptimizer runs a submodule it did not compile).
-
-        The chain hands a submodule the frame's inputs as Dynamo passed them (a size that
-        Dynamo made symbolic comes as a plain int on torch 2.11), and the earlier
-        submodules' outputs as AOTAutograd traced them, in the frame's symbols:
-        AOTAutograd makes such an int symbolic again, and duck sizing gives it the frame's
-        symbol of that value (``process_inputs``). So the propagation runs on that symbol
-        (:meth:`_as_traced`), and a submodule is handed each frame input as the chain
-        hands it."""
+        uncompiled on fake tensors (as DDPOptimizer runs a submodule it did not compile)."""
         from torch._dynamo.utils import deepcopy_to_fake_tensor, to_fake_tensor
 
         torch, fake_mode = self._torch, self._fake_mode
         if self._env is None:
             self._env, self._pending = {}, iter(self._compiler.module.graph.nodes)
             self._placeholders = iter(self._inputs)
-            self._as_passed: dict[Any, Any] = {}
-
-        def fake(value: Any) -> Any:
-            if isinstance(value, torch.Tensor) and not isinstance(value, torch._subclasses.FakeTensor):
-                return to_fake_tensor(value, fake_mode)
-            return value
-
         while len(self._propagated) <= index:
             node = next(self._pending)
+            args = [self._env[a] if isinstance(a, torch.fx.Node) else a for a in node.args]
             if node.op == "placeholder":
-                passed = next(self._placeholders)
-                self._env[node] = self._as_traced(passed)
-                self._as_passed[node] = passed
+                self._env[node] = next(self._placeholders)
             elif node.op == "call_function":  # getitem of a submodule's outputs
-                self._env[node] = node.target(*[self._env[a] if isinstance(a, torch.fx.Node) else a
-                                                for a in node.args])
+                self._env[node] = node.target(*args)
             elif node.op == "call_module":
-                args = [fake(self._env[a]) if isinstance(a, torch.fx.Node) else a for a in node.args]
-                self._propagated.append([fake(self._as_passed[a]) if isinstance(a, torch.fx.Node)
-                                         and a in self._as_passed else value
-                                         for a, value in zip(node.args, args, strict=True)])
+                args = [to_fake_tensor(a, fake_mode) if isinstance(a, torch.Tensor)
+                        and not isinstance(a, torch._subclasses.FakeTensor) else a for a in args]
+                self._propagated.append(args)
                 with self._no_trace(), fake_mode, mock.patch.object(fake_mode, "allow_non_fake_inputs", True):
                     module = deepcopy_to_fake_tensor(self.fetch(node), fake_mode)
                     self._env[node] = module(*args)
         return self._propagated[index]
-
-    def _as_traced(self, value: Any) -> Any:
-        """A frame input as AOTAutograd traces it: a plain int that duck sizing maps to
-        one of the frame's symbols is that symbol (as ``process_inputs`` makes it, with
-        ``ShapeEnv.create_symbol``'s default duck sizing); anything else as it is."""
-        shape_env = self._fake_mode.shape_env
-        if type(value) is not int or shape_env is None or not shape_env.duck_shape:
-            return value
-        symbol = shape_env.val_to_var.get(value)
-        if not isinstance(symbol, self._sympy.Symbol):  # not seen, or 0 and 1 (constants)
-            return value
-        return shape_env.create_symintnode(symbol, hint=value)
 
     def fetch(self, node: Any) -> Any:
         return self._compiler.fetch_attr(str(node.target))
 
     @contextlib.contextmanager
     def _no_trace(self) -> Iterator[None]:
-        """No guard recorded and no fake-tensor cache entry made (a cached result would
+        """Ops run as Dynamo ran them when it traced the frame (with the Python
+        dispatcher: its decompositions keep sizes symbolic where a C++ composite, such as
+        ``matmul`` under ``no_grad``, would read a size's value and make the output static),
+        with no guard recorded and no fake-tensor cache entry made (a cached result would
         skip the guard a later dispatch of the same op must add)."""
+        from torch._dispatch.python import enable_python_dispatcher
         from torch._subclasses.fake_tensor import disable_fake_tensor_cache
 
         shape_env = self._fake_mode.shape_env
         with contextlib.ExitStack() as stack:
+            stack.enter_context(enable_python_dispatcher())
             stack.enter_context(disable_fake_tensor_cache(self._fake_mode))
             if shape_env is not None:
                 stack.enter_context(shape_env.suppress_guards())
