@@ -7,7 +7,13 @@ store's server-side ``wait``, Redis publish/subscribe) wakes the waiter when the
 written with :meth:`Store.signal`; the others poll. Keys are short ASCII paths
 (``[A-Za-z0-9._:/-]``); values are bytes. Backends
 raise :class:`~coordinator.errors.StoreError` for any transport failure, so the
-caller can fall back to compiling locally.
+caller can fall back to compiling locally, and its subclass
+:class:`~coordinator.errors.StoreFull` for a write refused for lack of room (the store
+can still be read).
+
+A backend that expires keys (:attr:`Store.expires`: Redis) honours ``ttl=`` on writes and
+:meth:`Store.expire`; the others keep keys until they are deleted. :meth:`Store.capacity`
+is the largest value a backend can hold, where it knows one.
 """
 
 from __future__ import annotations
@@ -24,6 +30,19 @@ from coordinator.errors import ConfigError
 _KEY_RE = re.compile(r"^[A-Za-z0-9._:/-]+$")
 
 
+def ttl_ms(ttl: timedelta | None) -> int | None:
+    """``ttl`` in whole milliseconds (at least 1), or ``None``; refuses a TTL that is not positive.
+
+    Raises:
+        ConfigError: ``ttl`` is zero or negative.
+    """
+    if ttl is None:
+        return None
+    if ttl <= timedelta(0):
+        raise ConfigError(f"ttl={ttl.total_seconds():g}s: a time to live must be a positive number of seconds")
+    return max(1, int(ttl.total_seconds() * 1000))
+
+
 def check_key(key: str) -> str:
     """Return ``key`` if it is a valid store key, else raise ``ConfigError``."""
     if not _KEY_RE.match(key) or ".." in key or key.startswith("/"):
@@ -36,6 +55,8 @@ class Store(abc.ABC):
 
     #: Short name used in log lines and stats.
     name: str = "store"
+    #: Whether ``ttl=`` and :meth:`expire` expire keys here (else keys live until deleted).
+    expires: bool = False
 
     @abc.abstractmethod
     def get(self, key: str) -> bytes | None:
@@ -66,10 +87,18 @@ class Store(abc.ABC):
         """Keys that start with ``prefix`` (for listing bundles); not every backend can."""
         raise NotImplementedError(f"{type(self).__name__} cannot list keys")
 
-    def signal(self, key: str, value: bytes) -> None:
+    def signal(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
         """Write a small, write-once ``value`` under ``key`` and wake whoever watches it
-        (:meth:`watch`)."""
-        self.set(key, value)
+        (:meth:`watch`); ``ttl`` as for :meth:`set`."""
+        self.set(key, value, ttl)
+
+    def expire(self, key: str, ttl: timedelta) -> None:  # noqa: B027 - most stores keep keys until deleted
+        """Where keys expire (:attr:`expires`), let ``key`` live ``ttl`` from now (if it exists)."""
+
+    def capacity(self) -> int | None:
+        """The largest value this store can hold, in bytes (Redis: its ``maxmemory`` less what
+        the server uses empty), or ``None`` where no limit is known."""
+        return None
 
     @contextlib.contextmanager
     def watch(self, prefix: str) -> Iterator[Watch]:
@@ -129,6 +158,7 @@ class TimedStore(Store):
     def __init__(self, inner: Store, record: Callable[[float], None]) -> None:
         self.inner = inner
         self.name = inner.name
+        self.expires = inner.expires
         self._record = record
 
     def _timed(self, fn, *args):
@@ -153,8 +183,14 @@ class TimedStore(Store):
     def list_keys(self, prefix: str) -> list[str]:
         return self._timed(self.inner.list_keys, prefix)
 
-    def signal(self, key: str, value: bytes) -> None:
-        self._timed(self.inner.signal, key, value)
+    def signal(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
+        self._timed(self.inner.signal, key, value, ttl)
+
+    def expire(self, key: str, ttl: timedelta) -> None:
+        self._timed(self.inner.expire, key, ttl)
+
+    def capacity(self) -> int | None:
+        return self.inner.capacity()
 
     @contextlib.contextmanager
     def watch(self, prefix: str) -> Iterator[Watch]:

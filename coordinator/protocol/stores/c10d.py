@@ -98,7 +98,7 @@ class C10dStore(Store):
         current = self._call("compare_set", self._store.compare_set, full, b"", chunks.RAW + value)
         return bytes(current) == chunks.RAW + value
 
-    def signal(self, key: str, value: bytes) -> None:
+    def signal(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
         full = self._prefix + check_key(key)
         self._call("compare_set", self._store.compare_set, full, b"", chunks.RAW + value)
 
