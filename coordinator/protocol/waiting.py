@@ -1,5 +1,13 @@
 """A singleflight waiter: the one wait loop on a claimant's signals, and the one judgement
-of lease, deadline and progress (``coordinator.protocol.singleflight`` describes the protocol)."""
+of lease, deadline and progress (``coordinator.protocol.singleflight`` describes the protocol).
+
+Besides the claimant's signals, a waiter looks at the store itself now and then: where it
+polls, every quarter lease it reads whether the claim still exists (a claimant whose store
+refuses writes deletes its claim to release it); and on a claim of another job, whether that
+job still runs (``coordinator.protocol.liveness``), where keys expire every quarter lease
+without a signal. A claim that is gone, or of a job that is gone, ends the wait as a lapsed
+lease does: the waiter tries the next generation.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +17,7 @@ import random
 import time
 
 from coordinator.protocol.claims import ABANDONED, BEAT, MOVED, PUBLISHED, VALUE, Owner, beats_of
+from coordinator.protocol.liveness import JobLiveness
 from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.stores.base import PollingWatch, Store
 
@@ -19,8 +28,9 @@ class Waiter:
     """Waits of one process on the claims of others in one store."""
 
     def __init__(self, store: Store, *, lease_s: float, wait_timeout_s: float, progress_interval_s: float,
-                 signalled_waits: bool) -> None:
+                 signalled_waits: bool, liveness: JobLiveness | None = None) -> None:
         self.store = store
+        self.liveness = liveness
         self.lease = lease_s
         self.wait_timeout = wait_timeout_s
         self.progress_interval = progress_interval_s
@@ -41,7 +51,13 @@ class Waiter:
         outcome, the value (if it came with the end signal) and the claimant's rank.
         ``at`` names the claim (the key, or its redo name)."""
         owner = Owner.of_claim(self.store.get(f"c/{at}/{gen}"))
-        ended, value = self._wait_on(at, gen, started, published, str(owner or "unknown owner"), rejected)
+        other = owner.job if owner is not None and self.liveness and self.liveness.is_other(owner.job) else None
+        seen = self.liveness.seen(other) if other is not None else None
+        if other is not None and seen is None:
+            log.info("%s on %s belongs to job %s, which has ended; taking over", owner, at, other)
+            return Outcome.EXPIRED, None, owner.rank
+        ended, value = self._wait_on(at, gen, started, published, str(owner or "unknown owner"), rejected,
+                                     other, seen)
         return ended, value, owner.rank if owner is not None else None
 
     def _judge(self, key: str, owner: str, started: float, last_change: float, next_progress: float,
@@ -64,7 +80,10 @@ class Waiter:
         return None, next_progress
 
     def _wait_on(self, key: str, gen: int, started: float, published: str, owner: str,
-                 rejected: bytes | None) -> tuple[Outcome, bytes | None]:
+                 rejected: bytes | None, other: str | None = None,
+                 seen: bytes | None = None) -> tuple[Outcome, bytes | None]:
+        """``other``: the claimant's job, if it is another job (whose liveness key read
+        ``seen`` when the wait began)."""
         beats = beats_of(self.store, key, gen)
         last_change = time.monotonic()
         next_progress = last_change + self.progress_interval
@@ -76,25 +95,41 @@ class Waiter:
         watching = (self.store.watch(f"w/{key}/{gen}") if self.signalled_waits
                     else contextlib.nullcontext(PollingWatch(self.store)))
         with watching as watch:
+            # Where it polls, the waiter also sees a claim deleted; on another job's claim,
+            # where keys expire, that the job is gone (a blocking c10d wait never times out early).
+            look_every = self.lease / 4 if not watch.blocking or (other is not None and self.store.expires) else None
+            looked = False
             while True:
                 if check:
+                    exists = self.store.get(f"c/{key}/{gen}") is not None if looked else True
                     value = self.published(published, rejected)
                     if value is not None:
                         return Outcome.WAITED, value
                     if self.store.get(f"a/{key}/{gen}") is not None:
                         return self._abandoned(key, owner)
-                    check = False
+                    if not exists:
+                        log.info("%s released or lost its claim on %s; taking it over", owner, key)
+                        return Outcome.EXPIRED, None
+                    if looked and other is not None and self.liveness.gone(other):
+                        log.info("%s on %s belongs to job %s, which has ended; taking over", owner, key, other)
+                        return Outcome.EXPIRED, None
+                    check = looked = False
                 now = time.monotonic()
                 ended, next_progress = self._judge(key, owner, started, last_change, next_progress, now,
                                                    lease=lease)
                 if ended:
+                    if ended == Outcome.EXPIRED and other is not None:
+                        self.liveness.lapsed(other, seen)
                     return ended, None
                 # No timeout for the progress line: a live claimant signals every lease/4,
                 # and each signal brings the judgement round again. A timed-out c10d wait
                 # is costly (TCPStore cancels it and logs a warning).
                 timeout = min(last_change + lease, started + self.wait_timeout) - now
-                signal = watch.wait(f"w/{key}/{gen}/{beats + 1}", max(timeout, 0.0) + 0.001)
+                looking = look_every is not None and timeout > look_every
+                signal = watch.wait(f"w/{key}/{gen}/{beats + 1}",
+                                    max(look_every if looking else timeout, 0.0) + 0.001)
                 if signal is None:
+                    check = looked = looking
                     continue
                 beats += 1
                 last_change = time.monotonic()
