@@ -15,7 +15,8 @@ verifies and installs into this machine's Inductor cache dir (once per node), or
 ``--out`` only downloads the verified bytes. The secret and namespace are the ``secret``
 and ``namespace`` settings' (``coordinator.settings``). ``copy`` publishes every verified
 bundle of one store to another.
-Exit status: 0 on success, 1 on a refused or missing bundle, 2 on bad usage.
+Exit status: 0 on success, 1 on a refused, unreadable or missing bundle (``ls`` and ``copy``
+list or publish the others first), 2 on bad usage.
 ``slurm prolog|epilog`` are SLURM's node hooks (see ``coordinator.jobs.slurm``); they always
 exit 0. ``report`` merges the rank traces a job wrote with ``--coordinator-trace DIR`` into
 one Chrome trace and a picture in ``DIR``, and prints a table per rank and any warnings
@@ -33,7 +34,7 @@ from coordinator.bundles.format import read_bundle
 from coordinator.bundles.install import load_bundle
 from coordinator.bundles.keys import bundle_key, bundle_url
 from coordinator.bundles.transfer import copy_bundles, save_bundle
-from coordinator.errors import CoordinatorError
+from coordinator.errors import ConfigError, CoordinatorError, IntegrityError
 from coordinator.protocol.fingerprint import fingerprint
 from coordinator.settings import Config, variable
 
@@ -56,8 +57,10 @@ def _bundle_command(args: argparse.Namespace) -> int:
     if args.action == "save":
         with open(args.file, "rb") as f:
             blob = f.read()
+        if args.ttl is not None and args.ttl <= 0:
+            raise ConfigError(f"--ttl {args.ttl:g}: a time to live must be a positive number of seconds")
         read_bundle(blob, secret=secret)  # refuse to publish a bad bundle
-        ttl = timedelta(seconds=args.ttl) if args.ttl else None
+        ttl = timedelta(seconds=args.ttl) if args.ttl is not None else None
         size = save_bundle(args.url, name=args.name, ttl=ttl, max_bytes=args.max_bytes, blob=blob, config=config)
         print(f"saved {size} bytes as {bundle_key(args.name, config=config)}")
     elif args.action == "load":
@@ -79,20 +82,34 @@ def _bundle_command(args: argparse.Namespace) -> int:
         from coordinator.protocol.stores import open_store
 
         store = open_store(args.url)
-        keys = store.list_keys("bundles/")
-        for key in keys:
+        listed, unreadable = 0, 0
+        for key in store.list_keys("bundles/"):
             blob = store.get(key)
-            print(f"{key}\t{len(blob) if blob is not None else 0}")
-        if not keys:
+            if blob is None:  # removed meanwhile
+                continue
+            try:  # checksums and layout; a signature needs the bundle's secret, which `load` checks
+                read_bundle(blob, check_environment=False)
+            except IntegrityError as exc:
+                print(f"coordinator: {key} is not a bundle: {exc}", file=sys.stderr)
+                unreadable += 1
+                continue
+            print(f"{key}\t{len(blob)}")
+            listed += 1
+        if not listed:
             print(f"no bundles in {args.url}")
+        return 1 if unreadable else 0
     elif args.action == "rm":
         from coordinator.protocol.stores import open_store
 
         open_store(args.url).delete(bundle_key(args.name, config=config))
         print(f"removed {bundle_key(args.name, config=config)}")
     elif args.action == "copy":
-        for key in copy_bundles(args.src, args.dst, move=not args.keep, config=config):
+        refused: dict[str, str] = {}
+        for key in copy_bundles(args.src, args.dst, move=not args.keep, config=config, refused=refused):
             print(f"published {key}")
+        for key, reason in refused.items():
+            print(f"coordinator: not published {key}: {reason}", file=sys.stderr)
+        return 1 if refused else 0
     return 0
 
 
