@@ -307,3 +307,24 @@ def test_a_full_directory_store_refuses_writes_and_is_still_read(tmp_path):
         assert s.get("kept") == b"value"
         assert not [name for name in os.listdir(root) if ".tmp-" in name]  # no half-written temp file left
         s.delete("kept")
+
+
+def test_a_redis_watch_works_right_after_the_server_restarted(tmp_path):
+    """The subscriber connections kept between waits die with the server; the first wait
+    after it is back opens a new one instead of failing."""
+    from conftest import RedisServer
+
+    server = RedisServer(tmp_path)
+    try:
+        s = RedisStore(server.url)
+        s.prepare_watch()
+        with s.watch("w/a/0") as watch:
+            s.signal("w/a/0/1", b"beat")
+            assert watch.wait("w/a/0/1", 2) == b"beat"
+        server.kill()
+        server.start()
+        with s.watch("w/b/0") as watch:
+            s.signal("w/b/0/1", b"beat")
+            assert watch.wait("w/b/0/1", 2) == b"beat"
+    finally:
+        server.kill()

@@ -178,15 +178,9 @@ class RedisStore(Store):
         # wait): reconnecting at every wait would add a connect per node to each publish. A
         # wait's channel is left at the start of the next wait, so that nothing but the
         # message lies between a wake-up and the caller.
-        pubsub = self._take_subscriber()
         channel = self._key(prefix).rstrip("/")
+        pubsub = self._subscribed(channel)
         try:
-            left = getattr(pubsub, "coordinator_channel", None)
-            if left is not None and left != channel:
-                self._run("UNSUBSCRIBE", pubsub.unsubscribe, left)
-            pubsub.coordinator_channel = None
-            self._run("SUBSCRIBE", pubsub.subscribe, channel)
-            pubsub.coordinator_channel = channel
             yield _RedisWatch(self, pubsub, channel)
         except BaseException:
             with contextlib.suppress(*self._redis_errors):
@@ -194,6 +188,33 @@ class RedisStore(Store):
             raise
         with self._subscribers_lock:
             self._subscribers.append(pubsub)
+
+    def _subscribed(self, channel: str) -> Any:
+        """A subscriber connection on ``channel``: a kept one, else a new one. A kept one that
+        fails (its server restarted since) is closed with every other kept one, and a new
+        one is tried."""
+        while True:
+            with self._subscribers_lock:
+                pubsub = self._subscribers.pop() if self._subscribers else None
+            kept = pubsub is not None
+            if not kept:
+                pubsub = self._take_subscriber()
+            try:
+                left = getattr(pubsub, "coordinator_channel", None)
+                if left is not None and left != channel:
+                    self._run("UNSUBSCRIBE", pubsub.unsubscribe, left)
+                pubsub.coordinator_channel = None
+                self._run("SUBSCRIBE", pubsub.subscribe, channel)
+                pubsub.coordinator_channel = channel
+                return pubsub
+            except StoreError:
+                with self._subscribers_lock:
+                    stale, self._subscribers = [pubsub, *self._subscribers], []
+                for each in stale:
+                    with contextlib.suppress(*self._redis_errors):
+                        each.close()
+                if not kept:
+                    raise
 
     def _take_subscriber(self) -> Any:
         with self._subscribers_lock:
