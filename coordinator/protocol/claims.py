@@ -243,13 +243,15 @@ class Claims:
 class Heartbeat:
     """The thread that bumps the heartbeat of every claim a process holds, every lease/4,
     and signals each beat to the claim's waiters (none after a claim's end signal); writes
-    the job's liveness key while it holds claims; and retries releases left to it."""
+    the job's liveness key every lease/8 while it holds claims; and retries releases left
+    to it."""
 
     def __init__(self, claims: Claims, lease_s: float) -> None:
         self._claims = claims
         self._lease = lease_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._rounds = 0
 
     def ensure_running(self) -> None:
         with self._claims.lock:
@@ -260,11 +262,13 @@ class Heartbeat:
             self._thread.start()
 
     def _beat_forever(self) -> None:
-        while not self._stop.wait(self._lease / 4):
-            self.beat_once()
+        while not self._stop.wait(self._lease / 8):
+            self._rounds += 1
+            self.beat_once(beat_claims=self._rounds % 2 == 0)
 
-    def beat_once(self) -> None:
-        """One round: the liveness key, each held claim's beat, each pending release."""
+    def beat_once(self, *, beat_claims: bool = True) -> None:
+        """One round: the liveness key, each held claim's beat (with ``beat_claims``), each
+        pending release."""
         claims = self._claims
         with claims.lock:
             held = list(claims.held.values())
@@ -277,7 +281,7 @@ class Heartbeat:
                 claims.liveness.beat()
         except StoreError as exc:
             error = exc
-        for claim in held:
+        for claim in held if beat_claims else ():
             try:
                 self._beat(claim)
             except StoreError as exc:

@@ -11,7 +11,8 @@ A store can fail in two ways, and a process tracks each apart:
 * **Full** (:class:`~coordinator.errors.StoreFull`: Redis at ``maxmemory`` under
   ``noeviction``, a full disk under a directory store): the store is still read (a
   published value is a hit), but nothing is claimed or written until the same backoff has
-  passed; then the next claim tries again.
+  passed; then the next claims try again, and the first value published ends it. (A full
+  Redis refuses a large write and may still take a small one: only a value written counts.)
 
 Failures met while a backoff runs (a call that was already on its way, the heartbeat
 thread) do not lengthen it. Each change is logged once (the failure as a warning, the
@@ -111,7 +112,7 @@ class StoreHealth:
                         time.monotonic() - since)
 
     def wrote(self) -> None:
-        """A write succeeded: the store is up and takes writes."""
+        """A value was written: the store is up and takes writes."""
         self.answered()
         with self._lock:
             since, self._full.since = self._full.since, None

@@ -7,14 +7,15 @@ still runs (:meth:`JobLiveness.gone`), so that the claims a finished or killed j
 a store shared across jobs do not hold a later job for a lease each.
 
 Each job has a liveness key ``j/<digest of the job id>``. A process writes it before it
-creates a claim (so a waiter that finds the claim finds the key) and at every heartbeat
-while it holds claims (``coordinator.protocol.claims``), and deletes it when it closes. What
-the key says depends on the store:
+creates a claim (so a waiter that finds the claim finds the key) and every eighth of a
+lease while it holds claims (its heartbeat thread, ``coordinator.protocol.claims``), and
+deletes it when it closes. What the key says depends on the store:
 
-* Redis expires keys: the key lives half a lease past its last write, so it is gone half a
-  lease after the last process of the job that held claims stopped (killed, or its
+* Redis expires keys: the key lives a quarter lease past its last write, so it is gone a
+  quarter lease after the last process of the job that held claims stopped (killed, or its
   heartbeat stalled), or at once after a normal exit. A waiter on another job's claim
-  reads it when the wait begins and again whenever a quarter lease passes without a signal.
+  reads it when the wait begins and again whenever an eighth of a lease passes without a
+  signal.
 * The directory store keeps keys until they are deleted: the key is gone after a normal
   exit, not after a kill. A waiter on another job's claim whose lease lapses while the key
   did not change either (no process of that job beat meanwhile) records that job as gone
@@ -95,8 +96,8 @@ class JobLiveness:
         self.store = store
         self.job = job
         self.lease = lease_s
-        #: Where keys expire, the key lives half a lease past its last write.
-        self.ttl = timedelta(seconds=lease_s / 2) if store.expires else None
+        #: Where keys expire, the key lives a quarter lease past its last write (every lease/8).
+        self.ttl = timedelta(seconds=lease_s / 4) if store.expires else None
         self._beats = 0
         self._written_at: float | None = None
         self._gone: set[str] = set()
@@ -107,7 +108,7 @@ class JobLiveness:
         ``unless_fresh``, skip it if this process wrote it less than a heartbeat ago."""
         now = time.monotonic()
         with self._lock:
-            if unless_fresh and self._written_at is not None and now - self._written_at < self.lease / 4:
+            if unless_fresh and self._written_at is not None and now - self._written_at < self.lease / 8:
                 return
             self._beats += 1
             beats = self._beats

@@ -322,9 +322,7 @@ class Singleflight:
         started = time.monotonic()
         gen = 0
         while True:
-            taken = self._claims.take(key, gen, at)
-            self.health.wrote()
-            if taken:
+            if self._claims.take(key, gen, at):
                 # Re-check: the value may have been published (and its claim deleted)
                 # between our first read and the claim.
                 value = self._waiter.published(published, rejected)

@@ -1,12 +1,14 @@
 """A singleflight waiter: the one wait loop on a claimant's signals, and the one judgement
 of lease, deadline and progress (``coordinator.protocol.singleflight`` describes the protocol).
 
-Besides the claimant's signals, a waiter looks at the store itself now and then: where it
-polls, every quarter lease it reads whether the claim still exists (a claimant whose store
-refuses writes deletes its claim to release it); and on a claim of another job, whether that
-job still runs (``coordinator.protocol.liveness``), where keys expire every quarter lease
-without a signal. A claim that is gone, or of a job that is gone, ends the wait as a lapsed
-lease does: the waiter tries the next generation.
+Besides the claimant's signals, a waiter looks at the store itself when no signal came
+for a while: whether the claim still exists (a claimant whose store refuses writes deletes
+its claim to release it, and its signals may not have been kept), every quarter lease where
+it polls and every third where keys expire (Redis; a timed-out c10d wait is costly, and
+that store refuses no writes); and on a claim of another job, also whether that job still
+runs (``coordinator.protocol.liveness``), every eighth of a lease where keys expire. A claim
+that is gone, or of a job that is gone, ends the wait as a lapsed lease does: the waiter
+tries the next generation (where the claim was published and deleted, it finds the value).
 """
 
 from __future__ import annotations
@@ -51,14 +53,16 @@ class Waiter:
         outcome, the value (if it came with the end signal) and the claimant's rank.
         ``at`` names the claim (the key, or its redo name)."""
         owner = Owner.of_claim(self.store.get(f"c/{at}/{gen}"))
-        other = owner.job if owner is not None and self.liveness and self.liveness.is_other(owner.job) else None
+        if owner is None:  # ended since it was found: published (and deleted), or released
+            value = self.published(published, rejected)
+            return (Outcome.WAITED, value, None) if value is not None else (Outcome.EXPIRED, None, None)
+        other = owner.job if self.liveness is not None and self.liveness.is_other(owner.job) else None
         seen = self.liveness.seen(other) if other is not None else None
         if other is not None and seen is None:
             log.info("%s on %s belongs to job %s, which has ended; taking over", owner, at, other)
             return Outcome.EXPIRED, None, owner.rank
-        ended, value = self._wait_on(at, gen, started, published, str(owner or "unknown owner"), rejected,
-                                     other, seen)
-        return ended, value, owner.rank if owner is not None else None
+        ended, value = self._wait_on(at, gen, started, published, str(owner), rejected, other, seen)
+        return ended, value, owner.rank
 
     def _judge(self, key: str, owner: str, started: float, last_change: float, next_progress: float,
                now: float, lease: float) -> tuple[Outcome | None, float]:
@@ -97,7 +101,9 @@ class Waiter:
         with watching as watch:
             # Where it polls, the waiter also sees a claim deleted; on another job's claim,
             # where keys expire, that the job is gone (a blocking c10d wait never times out early).
-            look_every = self.lease / 4 if not watch.blocking or (other is not None and self.store.expires) else None
+            look_every = (self.lease / 8 if other is not None and self.store.expires
+                          else self.lease / 4 if not watch.blocking
+                          else self.lease / 3 if self.store.expires else None)
             looked = False
             while True:
                 if check:
