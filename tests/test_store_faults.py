@@ -128,6 +128,31 @@ def test_a_value_larger_than_the_store_holds_is_not_sent(tmp_path, caplog):
         server.kill()
 
 
+class EvictingStore(TimedStore):
+    """Loses each value right after it is written, as a Redis under allkeys-lru at
+    maxmemory can: the waiters' wake-up finds it gone."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner, lambda seconds: None)
+
+    def signal(self, key, value, ttl=None):
+        at = key.split("/")[1]
+        if value == b"published":
+            self.inner.delete(f"v/{at}")
+        self.inner.signal(key, value, ttl)
+
+
+def test_a_value_evicted_before_its_waiters_read_it_is_compiled_again_at_once(redis_server):
+    claimant = flight(EvictingStore(open_test_store(redis_server.url)), 0)
+    waiter = flight(open_test_store(redis_server.url), 1)
+    assert claimant.lookup("k", blocking=True).outcome == "claimed"
+    thread, got = wait_in_thread(waiter, "k")
+    time.sleep(0.5)
+    assert claimant.publish("k", bytes(100_000))  # over the inline size: the waiter reads v/k
+    thread.join(10)
+    assert got["result"].outcome == "claimed" and got["took"] < 3, got  # not a third of the 30 s lease
+
+
 # -- a store that fails is tried again ---------------------------------------------------
 
 def test_a_store_that_comes_back_is_used_again(tmp_path, caplog):

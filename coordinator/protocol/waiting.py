@@ -9,6 +9,7 @@ that store refuses no writes); and on a claim of another job, also whether that 
 runs (``coordinator.protocol.liveness``), every eighth of a lease where keys expire. A claim
 that is gone, or of a job that is gone, ends the wait as a lapsed lease does: the waiter
 tries the next generation (where the claim was published and deleted, it finds the value).
+So does a value announced as published that the store no longer holds (evicted).
 """
 
 from __future__ import annotations
@@ -150,8 +151,14 @@ class Waiter:
                     return Outcome.EXPIRED, None
                 if signal == PUBLISHED and not wants_value:
                     return Outcome.WAITED, None  # an offer: the value is published, d/ follows it
-                # PUBLISHED (read v/, written before the signal), or a signal this version
-                # does not know: read the store, as a poll would.
+                if signal == PUBLISHED:  # the value is in v/, written before the signal
+                    value = self.published(published, rejected)
+                    if value is not None:
+                        return Outcome.WAITED, value
+                    # Evicted (Redis at maxmemory) or replaced since: nobody will publish it now.
+                    log.info("%s published %s, but the store no longer holds it; taking it over", owner, key)
+                    return Outcome.EXPIRED, None
+                # A signal this version does not know: read the store, as a poll would.
                 check = True
 
     @staticmethod
