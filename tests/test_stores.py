@@ -328,3 +328,34 @@ def test_a_redis_watch_works_right_after_the_server_restarted(tmp_path):
             assert watch.wait("w/b/0/1", 2) == b"beat"
     finally:
         server.kill()
+
+
+def test_a_key_deleted_for_good_while_read_never_holds_the_reader(tcp_store):
+    """A TCPStore ``get`` waits until its key exists: a read that found a key that is then
+    deleted for good (a job's liveness key at its exit) must not wait for it."""
+    import torch.distributed as dist
+
+    def client():
+        return C10dStore(dist.TCPStore("127.0.0.1", tcp_store.port, is_master=False, timeout=timedelta(seconds=30)))
+
+    writer, reader = client(), client()
+    seen: list = []
+    stop = threading.Event()
+
+    def read_each():
+        n = 0
+        while not stop.is_set():
+            seen.append(reader.get(f"j/{n}"))
+            n = (n + 1) % 400
+
+    thread = threading.Thread(target=read_each, daemon=True)
+    thread.start()
+    for _ in range(3):
+        for n in range(400):
+            writer.set(f"j/{n}", b"beat")
+        for n in range(400):
+            writer.delete(f"j/{n}")
+    stop.set()
+    thread.join(10)
+    assert not thread.is_alive(), "a read waited for a deleted key"
+    assert set(seen) <= {None, b"beat"} and b"beat" in seen
