@@ -102,6 +102,29 @@ def test_a_claimant_whose_store_fills_up_releases_its_waiters_at_once(tmp_path, 
         server.kill()
 
 
+def test_a_rank_whose_store_refuses_writes_still_waits_for_another_rank_s_claim(tmp_path):
+    """A rank whose publish was refused claims nothing for its backoff, but a graph another
+    rank is compiling (that rank could write when it claimed) it waits for and receives."""
+    server = RedisServer(tmp_path, "--maxmemory-policy", "noeviction")
+    try:
+        full, other = flight(open_test_store(server.url), 0), flight(open_test_store(server.url), 1)
+        assert full.lookup("k", blocking=True).outcome == "claimed"
+        raw = redis.Redis.from_url(server.url)
+        set_maxmemory_below_use(server)
+        assert full.publish("k", bytes(200_000)) is False and not full.health.writable()
+        raw.config_set("maxmemory", 0)  # room again, which this rank learns only after its backoff
+        assert other.lookup("x", blocking=True).outcome == "claimed"
+        thread, got = wait_in_thread(full, "x")
+        time.sleep(0.3)
+        assert thread.is_alive() and not full.health.writable()  # waiting, not compiling
+        assert other.publish("x", b"from the other rank")
+        thread.join(10)
+        assert (got["result"].value, got["result"].outcome) == (b"from the other rank", "waited")
+        assert full.lookup("y", blocking=True).outcome in ("nonblocking", "claimed")  # nobody holds y
+    finally:
+        server.kill()
+
+
 def test_a_value_larger_than_the_store_holds_is_not_sent(tmp_path, caplog):
     """maxmemory 2 MB (about 1.2 MB for keys): a 2 MB value is never sent (said once, with
     the size and the limit), and its claim is released at once."""

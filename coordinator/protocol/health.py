@@ -10,9 +10,10 @@ A store can fail in two ways, and a process tracks each apart:
   sharing resumes.
 * **Full** (:class:`~coordinator.errors.StoreFull`: Redis at ``maxmemory`` under
   ``noeviction``, a full disk under a directory store): the store is still read (a
-  published value is a hit), but nothing is claimed or written until the same backoff has
-  passed; then the next claims try again, and the first value published ends it. (A full
-  Redis refuses a large write and may still take a small one: only a value written counts.)
+  published value is a hit, a claim another rank holds is waited for), but nothing is
+  claimed or written until the same backoff has passed; then the next claims try again,
+  and the first value published ends it. (A full Redis refuses a large write and may still
+  take a small one: only a value written counts.)
 
 Failures met while a backoff runs (a call that was already on its way, the heartbeat
 thread) do not lengthen it. Each change is logged once (the failure as a warning, the

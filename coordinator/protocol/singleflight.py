@@ -87,9 +87,10 @@ A store failure costs compile time, never the job (``coordinator.protocol.health
 store that fails is left alone for a backoff (1 s, doubling to 30 s), during which every
 lookup returns ``None`` at once and nothing is written, then tried again; when it answers,
 sharing resumes. A store that refuses writes (``StoreFull``) is still read from: a lookup
-returns a published value, but claims nothing and waits for nothing, and nothing is
-published, until its own backoff has passed. A value larger than the store can hold
-(:meth:`Store.capacity`) is never sent; that is said once, with the size and the limit.
+returns a published value, and waits for a claim another process holds, but claims
+nothing, and nothing is published, until its own backoff has passed. A value larger than
+the store can hold (:meth:`Store.capacity`) is never sent; that is said once, with the
+size and the limit.
 
 A rank that waits may do work of its own first: ``lookup``'s ``before_waiting`` is
 called until it has nothing left (``coordinator.features.early_backward``: backward graphs this
@@ -226,8 +227,9 @@ class Singleflight:
         if not self.available:
             return LookupResult(None, Outcome.UNAVAILABLE)
         try:
-            # A store that refuses writes is only read: a miss claims nothing, waits for nothing.
-            result = self._lookup(key, blocking and self.health.writable(), before_waiting, rejected)
+            # A store that refuses writes is only read: a miss claims nothing (it may wait
+            # for a claim another process holds, which thought it could publish).
+            result = self._lookup(key, blocking, before_waiting, rejected, may_claim=self.health.writable())
         except StoreError as exc:
             self._failed(exc)
             return LookupResult(None, Outcome.UNAVAILABLE)
@@ -235,13 +237,13 @@ class Singleflight:
         return result
 
     def _lookup(self, key: str, blocking: bool, before_waiting: Callable[[], bool] | None = None,
-                rejected: bytes | None = None) -> LookupResult:
+                rejected: bytes | None = None, *, may_claim: bool = True) -> LookupResult:
         value = self._waiter.published(f"v/{key}", rejected)
         if value is not None:
             return LookupResult(value, Outcome.HIT)
         if not blocking:
             return LookupResult(None, Outcome.NONBLOCKING)
-        return self._claim_or_wait(key, f"v/{key}", before_waiting, rejected)
+        return self._claim_or_wait(key, f"v/{key}", before_waiting, rejected, may_claim=may_claim)
 
     def follow(self, key: str, *, grace_s: float = 0.0) -> LookupResult:
         """Wait for ``key``'s value while another process holds a claim on it, never
@@ -300,10 +302,8 @@ class Singleflight:
         try:
             if self.store.get(f"d/{key}") is not None:
                 result = LookupResult(None, Outcome.HIT)
-            elif not self.health.writable():
-                result = LookupResult(None, Outcome.NONBLOCKING)
             else:
-                result = self._claim_or_wait(key, f"d/{key}")
+                result = self._claim_or_wait(key, f"d/{key}", may_claim=self.health.writable())
         except StoreError as exc:
             self._failed(exc)
             return LookupResult(None, Outcome.UNAVAILABLE)
@@ -311,18 +311,22 @@ class Singleflight:
         return LookupResult(None, result.outcome, result.waited_s)
 
     def _claim_or_wait(self, key: str, published: str, before_waiting: Callable[[], bool] | None = None,
-                       rejected: bytes | None = None) -> LookupResult:
+                       rejected: bytes | None = None, *, may_claim: bool = True) -> LookupResult:
         """Claim ``key``, or wait while another process holds it until store key
         ``published`` appears (returning its value), the claim is abandoned or expires
         (then try to claim the next generation), or the deadline passes. With
         ``rejected``, that value of ``published`` counts as absent, and the claim is the
-        key's redo claim for it."""
+        key's redo claim for it. Without ``may_claim`` (the store refuses writes), a key
+        nobody holds is ``nonblocking``: computed here, unclaimed."""
         may_wait = self._may_wait()
         at = key if rejected is None else f"{key}/redo-{hashlib.sha256(rejected).hexdigest()[:16]}"
         started = time.monotonic()
         gen = 0
         while True:
-            if self._claims.take(key, gen, at):
+            if not may_claim:
+                if self.store.get(f"c/{at}/{gen}") is None:
+                    return LookupResult(None, Outcome.NONBLOCKING)
+            elif self._claims.take(key, gen, at):
                 # Re-check: the value may have been published (and its claim deleted)
                 # between our first read and the claim.
                 value = self._waiter.published(published, rejected)
