@@ -2,8 +2,9 @@
 
 Every command's help is written for a terminal (``coordinator --help``, ``coordinator
 bundle ls --help``): plain text, what it does, an example. ``bundle`` commands name a
-store by its URL (a password shown as ``***``) and exit 0 on success, 1 on a refused or
-missing bundle, 2 on bad usage; ``slurm prolog|epilog`` always exit 0 (see
+store by its URL (a password shown as ``***``) and exit 0 on success, 1 on a refused,
+unreadable or missing bundle (``ls`` and ``copy`` list or publish the others first), 2 on
+bad usage; ``slurm prolog|epilog`` always exit 0 (see
 ``coordinator.jobs.slurm``); ``report`` exits 1 when its directory holds no trace (see
 ``coordinator.observe.report``). Output to a reader that stops reading (``coordinator
 bundle ls URL | head``) ends quietly, with exit status 141, as a command killed by SIGPIPE.
@@ -26,7 +27,7 @@ from coordinator.bundles.format import read_bundle
 from coordinator.bundles.install import load_bundle
 from coordinator.bundles.keys import bundle_key, bundle_url
 from coordinator.bundles.transfer import copy_bundles, save_bundle
-from coordinator.errors import ConfigError, CoordinatorError
+from coordinator.errors import ConfigError, CoordinatorError, IntegrityError
 from coordinator.protocol.fingerprint import fingerprint
 from coordinator.protocol.stores import shown_url
 from coordinator.settings import Config, variable
@@ -64,8 +65,10 @@ def _bundle_command(args: argparse.Namespace) -> int:
     if args.action == "save":
         with open(args.file, "rb") as f:
             blob = f.read()
+        if args.ttl is not None and args.ttl <= 0:
+            raise ConfigError(f"--ttl {args.ttl:g}: a time to live must be a positive number of seconds")
         read_bundle(blob, secret=secret)  # refuse to publish a bad bundle
-        ttl = timedelta(seconds=args.ttl) if args.ttl else None
+        ttl = timedelta(seconds=args.ttl) if args.ttl is not None else None
         size = save_bundle(args.url, name=args.name, ttl=ttl, max_bytes=args.max_bytes, blob=blob, config=config)
         print(f"saved {size} bytes as {bundle_key(args.name, config=config)} in {shown_url(args.url)}")
     elif args.action == "load":
@@ -86,12 +89,24 @@ def _bundle_command(args: argparse.Namespace) -> int:
     elif args.action == "ls":
         from coordinator.protocol.stores import open_store
 
-        entries = open_store(args.url).list_entries("bundles/")
+        store = open_store(args.url)
+        listed, unreadable = 0, 0
         now = time.time()
-        for entry in entries:
-            print(f"{entry.key}\t{entry.size}\t{_age(entry.modified, now)}")
-        if not entries:
+        for entry in store.list_entries("bundles/"):
+            blob = store.get(entry.key)
+            if blob is None:  # removed meanwhile
+                continue
+            try:  # checksums and layout; a signature needs the bundle's secret, which `load` checks
+                read_bundle(blob, check_environment=False)
+            except IntegrityError as exc:
+                print(f"coordinator: {entry.key} is not a bundle: {exc}", file=sys.stderr)
+                unreadable += 1
+                continue
+            print(f"{entry.key}\t{len(blob)}\t{_age(entry.modified, now)}")
+            listed += 1
+        if not listed:
             print(f"no bundles in {shown_url(args.url)}")
+        return 1 if unreadable else 0
     elif args.action == "rm":
         from coordinator.protocol.stores import open_store
 
@@ -111,8 +126,12 @@ def _bundle_command(args: argparse.Namespace) -> int:
         if not keys:
             print(f"no bundles older than {args.older_than:g}s in {shown_url(args.url)}")
     elif args.action == "copy":
-        for key in copy_bundles(args.src, args.dst, move=not args.keep, config=config):
+        refused: dict[str, str] = {}
+        for key in copy_bundles(args.src, args.dst, move=not args.keep, config=config, refused=refused):
             print(f"published {key} to {shown_url(args.dst)}")
+        for key, reason in refused.items():
+            print(f"coordinator: not published {key}: {reason}", file=sys.stderr)
+        return 1 if refused else 0
     return 0
 
 

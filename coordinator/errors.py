@@ -20,6 +20,11 @@ class StoreError(CoordinatorError):
     """The key-value store failed (connection lost, server gone, I/O error)."""
 
 
+class StoreFull(StoreError):
+    """The store refused a write for lack of room (Redis at ``maxmemory`` under
+    ``noeviction``, a full disk under a directory store); it can still be read."""
+
+
 class IntegrityError(CoordinatorError):
     """A stored value failed its checksum, signature, key binding or format check."""
 

@@ -35,7 +35,9 @@ from coordinator.features.artifacts import ShippedKernels
 from coordinator.observe.stats import Stats
 from coordinator.observe.trace import open_events, short_key
 from coordinator.protocol.fingerprint import key_prefix, warn_if_device_indices_differ
+from coordinator.protocol.health import FIRST_RETRY_S, LAST_RETRY_S
 from coordinator.protocol.integrity import Sealed, open_sealed, seal
+from coordinator.protocol.liveness import this_job
 from coordinator.protocol.node import NodeCache
 from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.singleflight import LookupResult, Owner, Singleflight
@@ -77,6 +79,8 @@ class Session:
         self._open_lock = threading.Lock()
         self._told_no_store = False
         self._unusable = False
+        self._open_again_at = 0.0  # a store that fails to open is tried again, with backoff
+        self._open_delay = FIRST_RETRY_S
         self._prefix = ""
         self._node: NodeCache | None = None
         self.kernels = ShippedKernels(_compat.inductor_cache_dir, _compat.triton_cache_dir, _cuda)
@@ -99,7 +103,7 @@ class Session:
 
     def flight(self) -> Singleflight | None:
         """The singleflight client, opened on first use; ``None`` while no store exists."""
-        if self._flight is not None or self._unusable:
+        if self._flight is not None or self._unusable or time.monotonic() < self._open_again_at:
             return self._flight
         with self._open_lock:
             if self._flight is None:
@@ -117,10 +121,14 @@ class Session:
                     log.info("compile_once: no store yet (%s); compiling locally until there is one", exc)
                     self._told_no_store = True
                 return None
-            # A store that cannot be opened will not open later: stop trying.
-            log.warning("compile_once: cannot open the store (%s); compiling locally", exc)
-            self.events.instant("store lost", error=str(exc))
-            self._unusable = True
+            if self._open_delay == FIRST_RETRY_S:
+                log.warning("compile_once: cannot open the store (%s); compiling locally%s", exc,
+                            "" if isinstance(exc, ConfigError) else ", trying again later")
+                self.events.instant("store lost", error=str(exc))
+            # A store that can never be opened is not tried again; another one after a backoff.
+            self._unusable = isinstance(exc, ConfigError)
+            self._open_again_at = time.monotonic() + self._open_delay
+            self._open_delay = min(self._open_delay * 2, LAST_RETRY_S)
             return None
         rank = _current_rank()
         self.stats.rank, self.stats.store = rank, store.name
@@ -132,7 +140,7 @@ class Session:
             writer = BackgroundWriter("publishing", self.config.publish_queue_mb * 2**20,
                                       progress_interval=self.config.progress_interval)
         self.stats.writer = writer
-        return Singleflight(store, owner=Owner.this_process(rank), lease=self.config.lease,
+        return Singleflight(store, owner=Owner.this_process(rank, this_job()), lease=self.config.lease,
                             wait_timeout=self.config.wait_timeout, progress_interval=self.config.progress_interval,
                             signalled_waits=self.config.signalled_waits, events=self.events,
                             describe=self.describe, writer=writer)

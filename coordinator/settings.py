@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, urlparse
 
 from coordinator.errors import ConfigError
 
@@ -519,12 +519,18 @@ def check_store_url(url: str) -> None:
     parsed = urlparse(url)
     if parsed.scheme not in STORE_SCHEMES:
         raise ConfigError(f"unknown store URL scheme {parsed.scheme!r} in {url!r}; allowed: {sorted(STORE_SCHEMES)}")
-    if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
-        raise ConfigError(f"file store URL {url!r} names a host; use file:///absolute/path")
-    if parsed.scheme == "file" and not parsed.path:
-        raise ConfigError(f"file store URL {url!r} names no directory; use file:///absolute/path")
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ConfigError(f"file store URL {url!r} names a host; use file:///absolute/path")
+        if not parsed.path:
+            raise ConfigError(f"file store URL {url!r} names no directory; use file:///absolute/path")
+        if not parsed.path.startswith("/"):
+            raise ConfigError(f"file store URL {url!r} names a relative path; use file:///absolute/path")
+        return
     if parsed.scheme in OBJECT_SCHEMES:
         _check_object_url(url, parsed.scheme, parsed.netloc)
+        return
+    _check_redis_url(url, parsed)
 
 
 def _check_object_url(url: str, scheme: str, netloc: str) -> None:
@@ -541,6 +547,28 @@ def _check_object_url(url: str, scheme: str, netloc: str) -> None:
     module, extra = OBJECT_SCHEMES[scheme]
     if importlib.util.find_spec(module) is None:
         raise ConfigError(f"{url!r} needs {module}, which is not installed: pip install \"{DISTRIBUTION}[{extra}]\"")
+
+
+def _check_redis_url(url: str, parsed: Any) -> None:
+    """A ``redis://``/``rediss://`` URL as redis-py reads it: a host, a port that is a
+    whole number from 1 to 65535 (default 6379), a database that is a whole number
+    (the path, or ``?db=``; default 0)."""
+    form = f"use {parsed.scheme}://[:password@]host:port/db"
+    if parsed.password:
+        url = url.replace(f":{parsed.password}@", ":***@", 1)
+    if not parsed.hostname:
+        raise ConfigError(f"redis store URL {url!r} names no host; {form}")
+    try:
+        port = parsed.port
+    except ValueError:
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"redis store URL {url!r}: the port is not a whole number from 1 to 65535; {form}")
+    databases = [parsed.path.strip("/")] if parsed.path.strip("/") else []
+    databases += [value for name, value in parse_qsl(parsed.query, keep_blank_values=True) if name == "db"]
+    for db in databases:
+        if not db.isdigit():
+            raise ConfigError(f"redis store URL {url!r}: the database {db!r} is not a whole number; {form}")
 
 
 def check_bundle_name(name: str) -> None:

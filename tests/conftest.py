@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import importlib.util
 import json
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -51,17 +53,24 @@ def machine_env(tmpdir: Path) -> dict[str, str]:
 
 
 class RedisServer:
-    """A redis-server (or valkey-server) process of our own on a free port."""
+    """A redis-server (or valkey-server) process of our own on a free port; ``options`` are
+    more of its command-line options (``"--maxmemory", "2mb"``). :meth:`start` starts it
+    again on the same port after :meth:`kill` (its keys are gone: it saves nothing)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *options: str) -> None:
+        self.workdir, self.options = workdir, options
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.start()
+
+    def start(self) -> None:
         binary = redis_server_binary()
         if binary is None:
             raise RuntimeError("redis-server is not installed; the README's test command installs it")
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(workdir)],
+             "--dir", str(self.workdir), *self.options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
@@ -77,6 +86,21 @@ class RedisServer:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+@contextlib.contextmanager
+def small_file_system(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``"8m"``) mounted at ``path`` for the duration; skips the test
+    where this process may not mount one (it needs root, or CAP_SYS_ADMIN)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a {size} tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 @pytest.fixture

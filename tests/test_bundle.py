@@ -218,3 +218,56 @@ def test_save_bundle_inside_a_session_uses_its_secret_and_namespace(tmp_path, mo
     assert read_bundle(blob, secret=b"session-secret").describe()["signature"] == "HMAC-SHA256, verified"
     with pytest.raises(IntegrityError, match="signature mismatch"):
         read_bundle(blob, secret=b"another")
+
+
+def test_cli_exits_non_zero_on_a_bundle_it_cannot_read_or_publish(tmp_path, capsys):
+    """Random bytes under a bundle's key are no bundle: `ls` does not list them and `copy`
+    does not publish them, each saying so and exiting 1 (after the good ones); a time to
+    live that is not positive is refused before anything is read."""
+    from coordinator.cli import main
+
+    src, dst = f"file://{tmp_path / 'src'}", f"file://{tmp_path / 'dst'}"
+    garbage = bundle_key("garbage")
+    coordinator.open_store(src).set(garbage, os.urandom(4096))
+    assert main(["bundle", "ls", src]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"no bundles in {src}\n" and f"{garbage} is not a bundle: not a coordinator" in err
+    assert main(["bundle", "copy", src, dst]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and f"not published {garbage}: not a coordinator" in err
+    assert coordinator.open_store(dst).list_keys("bundles/") == []
+    blob, _ = synthetic()
+    coordinator.save_bundle(src, name="good", blob=blob)
+    assert main(["bundle", "ls", src]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"{bundle_key('good')}\t{len(blob)}\n" and garbage in err
+    assert main(["bundle", "copy", src, dst, "--keep"]) == 1
+    assert capsys.readouterr().out == f"published {bundle_key('good')}\n"
+    assert coordinator.open_store(dst).list_keys("bundles/") == [bundle_key("good")]
+    path = tmp_path / "b.bundle"
+    path.write_bytes(blob)
+    for ttl in ("-5", "0"):
+        assert main(["bundle", "save", dst, str(path), "--ttl", ttl]) == 1
+        assert f"--ttl {ttl}: a time to live must be a positive number of seconds" in capsys.readouterr().err
+    from datetime import timedelta
+
+    with pytest.raises(coordinator.ConfigError, match=r"ttl=-5s: a time to live must be a positive"):
+        coordinator.save_bundle(dst, name="x", blob=blob, ttl=timedelta(seconds=-5))
+
+
+@pytest.mark.protocol
+def test_a_bundle_larger_than_redis_can_hold_is_refused(tmp_path, capsys):
+    from conftest import RedisServer
+
+    from coordinator.cli import main
+
+    server = RedisServer(tmp_path / "redis", "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
+    try:
+        blob, _ = synthetic(size=3_000_000)
+        path = tmp_path / "b.bundle"
+        path.write_bytes(blob)
+        assert main(["bundle", "save", server.url, str(path)]) == 1
+        err = capsys.readouterr().err
+        assert f"the bundle is {len(blob)} bytes; redis 127.0.0.1:{server.port}/0 holds at most" in err, err
+    finally:
+        server.kill()

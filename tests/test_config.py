@@ -82,6 +82,14 @@ def test_an_invalid_variable_is_named_with_the_value_given(variable, raw, messag
     ("bogus://x", "unknown store URL scheme 'bogus' in 'bogus://x'; allowed: \\['az', 'file', 'gs', 'redis', 'rediss', "
                   "'s3'\\]"),
     ("file://host/dir", "names a host"),
+    ("file:relative/dir", "not a URL"),
+    ("redis://127.0.0.1:abc/0", "the port is not a whole number from 1 to 65535"),
+    ("redis://127.0.0.1:70000/0", "the port is not a whole number from 1 to 65535"),
+    ("redis://127.0.0.1:0/0", "the port is not a whole number from 1 to 65535"),
+    ("redis://127.0.0.1:6379/zero", "the database 'zero' is not a whole number"),
+    ("rediss://cache:6380/0?db=x", "the database 'x' is not a whole number"),
+    ("redis:///0", "names no host"),
+    ("redis://:s3cret@cache:port/0", r"'redis://:\*\*\*@cache:port/0': the port"),
 ])
 def test_a_bad_store_url_fails_when_compile_once_starts(monkeypatch, url, message):
     import coordinator
@@ -96,6 +104,12 @@ def test_a_bad_store_url_fails_when_compile_once_starts(monkeypatch, url, messag
     monkeypatch.delenv("COORDINATOR_STORE")
     with coordinator.compile_once():  # nothing was left active
         pass
+
+
+@pytest.mark.parametrize("url", ["redis://cache:6379/0", "redis://cache/2", "rediss://:pw@cache:6380",
+                                 "redis://[::1]:6379/0?db=3", "file:///shared/cache", "file://localhost/shared"])
+def test_a_good_store_url_is_accepted(url):
+    assert Config(store=url).store == url
 
 
 def test_a_store_object_of_the_wrong_type_is_refused():

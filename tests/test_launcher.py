@@ -194,6 +194,10 @@ def test_bad_log_level_fails_before_any_worker_starts(tmp_path):
 
 @pytest.mark.parametrize("args, env, message", [
     (["--coordinator-store", "bogus://x"], {}, "--coordinator-store bogus://x: unknown store URL scheme 'bogus'"),
+    (["--coordinator-store", "redis://127.0.0.1:abc/0"], {},
+     "--coordinator-store redis://127.0.0.1:abc/0: redis store URL 'redis://127.0.0.1:abc/0': the port is not a "
+     "whole number from 1 to 65535"),
+    ([], {"COORDINATOR_STORE": "redis://cache:6379/db0"}, "COORDINATOR_STORE=redis://cache:6379/db0: redis store URL"),
     ([], {"COORDINATOR_STORE": "file://host/dir"}, "COORDINATOR_STORE=file://host/dir: file store URL"),
     ([], {"COORDINATOR_LEASE_S": "soon"}, "COORDINATOR_LEASE_S=soon: not a number of seconds"),
     ([], {"COORDINATOR_LEASE_S": "-3"}, "COORDINATOR_LEASE_S=-3: must be a positive number of seconds"),

@@ -1,5 +1,6 @@
 """Waits that block on the store (c10d ``wait``, Redis publish/subscribe; the directory store
-polls): each of the four ways a wait ends, on each store, with the claimant in another process."""
+polls): each of the four ways a wait ends, on each store, with the claimant in another process
+of the same job (``JOB``: a lapsed lease is judged by the heartbeat alone)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from coordinator.testing import open_test_store
 
 pytestmark = pytest.mark.protocol
 
+#: The job of the claimants and the waiters here.
+JOB = "signalled-waits-test"
+
 CLAIMANT = """
 import sys, time, json
 from datetime import timedelta
@@ -26,7 +30,8 @@ from coordinator.testing import open_test_store
 from coordinator.protocol.singleflight import Owner, Singleflight
 
 spec = json.loads(sys.argv[1])
-f = Singleflight(open_test_store(spec["store"]), owner=Owner.this_process(9), lease=timedelta(seconds=spec["lease"]),
+f = Singleflight(open_test_store(spec["store"]), owner=Owner.this_process(9, spec["job"]),
+                 lease=timedelta(seconds=spec["lease"]),
                  wait_timeout=timedelta(seconds=30), progress_interval=timedelta(seconds=30), signalled_waits=True)
 assert f.lookup("k", blocking=True).outcome == "claimed"
 print("claimed", flush=True)
@@ -52,7 +57,8 @@ def store_spec(request, tmp_path):
 
 
 def claimant(store: str, end: str, hold: float, lease: float = 1.0, value_size: int = 0) -> subprocess.Popen:
-    spec = json.dumps({"store": store, "end": end, "hold": hold, "lease": lease, "value_size": value_size})
+    spec = json.dumps({"store": store, "end": end, "hold": hold, "lease": lease, "value_size": value_size,
+                       "job": JOB})
     proc = subprocess.Popen([sys.executable, "-c", CLAIMANT, spec], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "claimed"
     return proc
@@ -61,7 +67,7 @@ def claimant(store: str, end: str, hold: float, lease: float = 1.0, value_size: 
 def waiter(url: str, calls: list, *, lease: float = 1.0, wait_timeout: float = 30.0) -> Singleflight:
 
     store = TimedStore(open_test_store(url), lambda seconds: calls.append(seconds))
-    return Singleflight(store, owner=Owner.this_process(1), lease=timedelta(seconds=lease),
+    return Singleflight(store, owner=Owner.this_process(1, JOB), lease=timedelta(seconds=lease),
                         wait_timeout=timedelta(seconds=wait_timeout), progress_interval=timedelta(seconds=30),
                         signalled_waits=True)
 
@@ -182,7 +188,7 @@ def test_the_end_signal_carries_a_small_value(store_spec, size):
     proc = claimant(url, "publish", hold=1.0, lease=30.0, value_size=size)
 
     names: list = []
-    f = Singleflight(CallLog(open_test_store(url), names), owner=Owner.this_process(1),
+    f = Singleflight(CallLog(open_test_store(url), names), owner=Owner.this_process(1, JOB),
                      lease=timedelta(seconds=30), wait_timeout=timedelta(seconds=30),
                      progress_interval=timedelta(seconds=30), signalled_waits=True)
     result = f.lookup("k", blocking=True)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from datetime import timedelta
 
 import pytest
 
 from coordinator import ConfigError, StoreError, open_store
+from coordinator.errors import StoreFull
 from coordinator.protocol.stores.base import TimedStore
 from coordinator.protocol.stores.c10d import C10dStore
 from coordinator.protocol.stores.redis import RedisStore
@@ -212,3 +215,147 @@ def test_open_store_choices(tmp_path):
         open_store(None)
     s = open_store(f"file://{tmp_path}")
     assert open_store(s) is s
+
+
+def raw_redis(server):
+    import redis
+
+    return redis.Redis.from_url(server.url)
+
+
+def over_maxmemory(server, by: int) -> None:
+    """Set the server's maxmemory to ``by`` bytes below (negative: above) what it uses now.
+    Below, noeviction refuses every write, whatever its size."""
+    raw = raw_redis(server)
+    raw.config_set("maxmemory", raw.info("memory")["used_memory"] - by)
+
+
+def test_redis_at_maxmemory_refuses_writes_and_is_still_read(tmp_path):
+    """noeviction at maxmemory: every write is refused (StoreFull), reads, deletes and
+    PEXPIRE still work, a refused signal still reaches its subscribers, and a chunked value
+    whose write is refused part way leaves no chunk behind."""
+    from conftest import RedisServer
+
+    server = RedisServer(tmp_path, "--maxmemory-policy", "noeviction")
+    try:
+        s = RedisStore(server.url, chunk_bytes=32 * 1024)
+        s.set("kept", bytes(500_000))
+        got = {}
+        with s.watch("w/k/0") as watch:
+            over_maxmemory(server, 100_000)
+            with pytest.raises(StoreFull, match="maxmemory"):
+                s.set("more", b"v")
+            with pytest.raises(StoreFull, match="maxmemory"):
+                s.add_if_absent("claim", b"me")
+            assert s.get("kept") == bytes(500_000)
+            s.expire("kept", timedelta(seconds=60))
+            thread = threading.Thread(target=lambda: got.setdefault("signal", watch.wait("w/k/0/1", 5)))
+            thread.start()
+            time.sleep(0.2)
+            with pytest.raises(StoreFull):
+                s.signal("w/k/0/1", b"abandoned")
+            thread.join(5)
+        assert got["signal"] == b"abandoned"
+        over_maxmemory(server, -50_000)  # room for a chunk or two of the next value, not for all of it
+        with pytest.raises(StoreFull):
+            s.set("big", bytes(300_000))
+        assert s.get("big") is None
+        assert not raw_redis(server).keys("*big#chunk/*")
+        s.delete("kept")
+    finally:
+        server.kill()
+
+
+def test_redis_capacity_is_maxmemory_less_what_the_server_uses_empty(tmp_path, redis_server):
+    from conftest import RedisServer
+
+    assert RedisStore(redis_server.url).capacity() is None  # no maxmemory
+    server = RedisServer(tmp_path / "limited", "--maxmemory", "2mb")
+    try:
+        startup = raw_redis(server).info("memory")["used_memory_startup"]
+        assert RedisStore(server.url).capacity() == 2 * 1024 * 1024 - startup
+    finally:
+        server.kill()
+
+
+def test_redis_keys_expire_and_ttls_must_be_positive(redis_server):
+    s = RedisStore(redis_server.url)
+    assert s.expires and s.name == f"redis 127.0.0.1:{redis_server.port}/0"
+    s.set("short", b"v", ttl=timedelta(milliseconds=300))
+    s.signal("w/k/0/1", b"beat", ttl=timedelta(milliseconds=300))
+    assert s.add_if_absent("c/k/0", b"me", ttl=timedelta(milliseconds=300))
+    s.set("extended", b"v", ttl=timedelta(milliseconds=300))
+    s.expire("extended", timedelta(seconds=60))
+    time.sleep(0.6)
+    assert [s.get(k) for k in ("short", "w/k/0/1", "c/k/0", "extended")] == [None, None, None, b"v"]
+    for ttl in (timedelta(0), timedelta(seconds=-5)):
+        with pytest.raises(ConfigError, match=r"ttl=-?\d+s: a time to live must be a positive"):
+            s.set("k", b"v", ttl=ttl)
+
+
+def test_a_full_directory_store_refuses_writes_and_is_still_read(tmp_path):
+    from conftest import small_file_system
+
+    with small_file_system(tmp_path / "fs", "1m") as root:
+        s = open_store(f"file://{root}")
+        s.set("kept", b"value")
+        with pytest.raises(StoreFull, match="No space left"):
+            for n in range(100):
+                s.set(f"fill/{n}", bytes(100_000))
+        with pytest.raises(StoreFull):
+            s.add_if_absent("claim", bytes(200_000))
+        assert s.get("kept") == b"value"
+        assert not [name for name in os.listdir(root) if ".tmp-" in name]  # no half-written temp file left
+        s.delete("kept")
+
+
+def test_a_redis_watch_works_right_after_the_server_restarted(tmp_path):
+    """The subscriber connections kept between waits die with the server; the first wait
+    after it is back opens a new one instead of failing."""
+    from conftest import RedisServer
+
+    server = RedisServer(tmp_path)
+    try:
+        s = RedisStore(server.url)
+        s.prepare_watch()
+        with s.watch("w/a/0") as watch:
+            s.signal("w/a/0/1", b"beat")
+            assert watch.wait("w/a/0/1", 2) == b"beat"
+        server.kill()
+        server.start()
+        with s.watch("w/b/0") as watch:
+            s.signal("w/b/0/1", b"beat")
+            assert watch.wait("w/b/0/1", 2) == b"beat"
+    finally:
+        server.kill()
+
+
+def test_a_key_deleted_for_good_while_read_never_holds_the_reader(tcp_store):
+    """A TCPStore ``get`` waits until its key exists: a read that found a key that is then
+    deleted for good (a job's liveness key at its exit) must not wait for it."""
+    import torch.distributed as dist
+
+    def client():
+        return C10dStore(dist.TCPStore("127.0.0.1", tcp_store.port, is_master=False, timeout=timedelta(seconds=30)))
+
+    writer, reader = client(), client()
+    seen: list = []
+    stop = threading.Event()
+
+    def read_each():
+        n = 0
+        while not stop.is_set():
+            seen.append(reader.get(f"j/{n}"))
+            n = (n + 1) % 400
+
+    thread = threading.Thread(target=read_each, daemon=True)
+    thread.start()
+    for _ in range(3):
+        for n in range(400):
+            writer.set(f"j/{n}", b"beat")
+        for n in range(400):
+            writer.delete(f"j/{n}")
+    stop.set()
+    thread.join(10)
+    assert not thread.is_alive(), "a read waited for a deleted key"
+    assert set(seen) <= {None, b"beat"} and b"beat" in seen

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from coordinator.bundles.format import Bundle, KernelRecord, pack_bundle, read_bundle
 from coordinator.bundles.keys import OUTBOX, bundle_key, bundle_settings, bundle_url, session_parts
-from coordinator.errors import ConfigError, EnvironmentMismatch, IntegrityError
+from coordinator.errors import ConfigError, EnvironmentMismatch, IntegrityError, StoreFull
 from coordinator.protocol.fingerprint import fingerprint, secret_fingerprint
 from coordinator.settings import Config
 
@@ -30,19 +30,30 @@ def save_bundle(
     session's; neither given: the session :mod:`coordinator.bundles.keys` finds).
     Readers never see a half-written bundle (the store publishes atomically; an object
     store uploads a large one in parts, one part in memory besides the bundle). ``ttl``
-    expires it in Redis; ``max_bytes`` refuses larger bundles.
+    (positive) expires it in Redis; ``max_bytes`` refuses larger bundles, and so does a
+    store that cannot hold it (Redis's ``maxmemory``).
 
     Returns:
         The bundle's size in bytes.
+
+    Raises:
+        ConfigError: ``ttl`` is not positive, or the bundle is over ``max_bytes``.
+        StoreFull: the bundle is larger than the store can hold, or the store refused it.
     """
     from coordinator.protocol.stores import open_store, shown_url
+    from coordinator.protocol.stores.base import ttl_ms
 
+    ttl_ms(ttl)  # refuses a TTL that is not positive, before any work
     config, kernels = session_parts(config, kernels)
     if blob is None:
         blob = pack_bundle(secret=bundle_settings(secret, config=config)[0], kernels=kernels)
     if max_bytes is not None and len(blob) > max_bytes:
         raise ConfigError(f"max_bytes={max_bytes}: the bundle is {len(blob)} bytes, over this limit")
     store = open_store(bundle_url(url))
+    limit = store.capacity()
+    if limit is not None and len(blob) > limit:
+        raise StoreFull(f"the bundle is {len(blob)} bytes; {store.name} holds at most {limit} "
+                        "(its maxmemory less the server's own use)")
     started = time.monotonic()
     store.set(bundle_key(name, secret=secret, config=config), blob, ttl=ttl)
     where = shown_url(url) if url == bundle_url(url) else f"{url} ({bundle_url(url)})"
@@ -67,12 +78,12 @@ def fetch_bundle(url: str, *, name: str = "default", secret: str | bytes | None 
 
 
 def copy_bundles(src_url: str, dst_url: str, *, secret: str | bytes | None = None, move: bool = True,
-                 config: Config | None = None) -> list[str]:
+                 config: Config | None = None, refused: dict[str, str] | None = None) -> list[str]:
     """Publish every bundle of store ``src_url`` to ``dst_url`` under the same key.
 
     Each is verified first (checksums, signature, and that its environment is the one
-    its key names); one that fails is left out with a warning. With ``move`` the
-    source copy is deleted once published.
+    its key names); one that fails is left out with a warning, and named with the reason
+    in ``refused`` if given. With ``move`` the source copy is deleted once published.
 
     Returns:
         The keys published.
@@ -94,6 +105,8 @@ def copy_bundles(src_url: str, dst_url: str, *, secret: str | bytes | None = Non
                 raise IntegrityError(f"its key {key} names another secret than the one it was verified with")
         except IntegrityError as exc:
             log.warning("not publishing %s from %s: %s", key, shown_url(src_url), exc)
+            if refused is not None:
+                refused[key] = str(exc)
             continue
         dst.set(key, blob)
         published.append(key)

@@ -52,7 +52,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -60,6 +59,7 @@ from typing import Any
 from coordinator import _compat
 from coordinator.features.base import Context, Feature
 from coordinator.observe.trace import short_key
+from coordinator.protocol.liveness import job_id
 from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.singleflight import LookupResult, Singleflight
 
@@ -141,19 +141,6 @@ def job_ranks() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def job_id() -> str:
-    """An id every rank of this job (and of this restart of it) shares: torchrun's run id
-    and restart count, else one agreed through the default process group's store, else
-    empty (slots of an earlier job on the same store are then visible)."""
-    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    if run and run != "none":
-        return f"{run}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    store = _compat.default_c10d_store()
-    if store is None:
-        return ""
-    return store.compare_set("coordinator/job_id", "", uuid.uuid4().hex).decode()
 
 
 def _settings_digest() -> str:

@@ -2,12 +2,26 @@
 
 A claim is ``c/<at>/<gen>`` (created atomically), with its heartbeat ``h/<at>/<gen>``
 and its signals ``w/<at>/<gen>/<n>``: ``at`` is the key, or its redo name
-(``coordinator.protocol.singleflight`` describes the protocol).
+(``coordinator.protocol.singleflight`` describes the protocol). Its record is a map that
+names the claimant: ``rank``, ``host``, ``pid``, the time ``t``, its ``job``
+(``coordinator.protocol.liveness``, whose key the claimant writes before the claim and at
+every heartbeat) and ``what``: what the claimant computes, in words (``"backward graph 1 of
+'forward' (compile 0/0)"``), which a waiting rank's lines name (:func:`claim_record` reads
+it). Records of earlier versions are a list ``[rank, host, pid, t]``.
 
-A claim's record is a msgpack map (:func:`claim_record` reads it): ``rank``, ``host`` and
-``pid`` of its claimant, ``t`` the time it was taken, and ``what``: what the claimant
-computes, in words (``"backward graph 1 of 'forward' (compile 0/0)"``), which a waiting
-rank's lines name. Records of earlier versions are a list ``[rank, host, pid, t]``.
+Where the store expires keys (Redis), a claim's keys live as long as the claim needs them:
+the heartbeat writes its beat, its signals and the abandoned marker to live
+``KEYS_TTL_LEASES`` leases, and extends the claim itself (and the claims of the generations
+before it, which newcomers follow to it) to ``CLAIM_TTL_LEASES`` leases at every beat. A
+claim whose claimant stopped is taken over by its waiters after one lease, and is gone from
+the store a few leases later, after every key of it, so that a later claim of the same
+generation finds none of the old one's keys.
+
+A claim the process can no longer finish (its publish failed, the store refuses writes, its
+compile failed) is released (:meth:`Claims.release`): marked abandoned and its waiters
+woken, best effort; where the marker cannot be written (a store that refuses writes) the
+claim is deleted instead, which a waiter reads as the same. A release the store does not
+answer is retried by the heartbeat thread for a lease (:meth:`Claims.release_later`).
 """
 
 from __future__ import annotations
@@ -18,17 +32,21 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import msgpack
 
 from coordinator.errors import StoreError
+from coordinator.protocol.liveness import PROCESS_JOB, JobLiveness
 from coordinator.protocol.stores.base import Store
 
 log = logging.getLogger(__name__)
 
-#: Claims in stores with expiry outlive any compile; stale ones are taken over by heartbeat.
-_CLAIM_TTL = timedelta(days=1)
+#: Where keys expire: a claim lives this many leases past its claimant's last heartbeat...
+CLAIM_TTL_LEASES = 3
+#: ... and its heartbeat, signals and abandoned marker this many past their write.
+KEYS_TTL_LEASES = 2
 
 #: What a claimant writes in its signal slots ``w/<key>/<gen>/<n>``.
 BEAT = b"beat"
@@ -44,23 +62,26 @@ INLINE_VALUE_BYTES = 64 * 1024
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Owner:
-    """Who holds a claim, for log lines."""
+    """Who holds a claim: for log lines, and its job for the judgement of stale claims."""
 
     rank: int
     host: str
     pid: int
+    job: str = ""  # "" in a claim written before claims named their job
 
     @classmethod
-    def this_process(cls, rank: int) -> Owner:
-        return cls(rank, socket.gethostname(), os.getpid())
+    def this_process(cls, rank: int, job: str | None = None) -> Owner:
+        """This process; ``job`` defaults to an id of this process alone."""
+        return cls(rank, socket.gethostname(), os.getpid(), job or PROCESS_JOB)
 
     @classmethod
     def of_claim(cls, record: bytes | None) -> Owner | None:
-        """The owner a claim's record names (``None``: no record)."""
+        """The owner a claim's record names (``None``: no record). Reads the map, and the
+        list ``[rank, host, pid, time]`` of claims written before it."""
         if record is None:
             return None
         fields = claim_record(record)
-        return cls(fields["rank"], fields["host"], fields["pid"])
+        return cls(fields["rank"], fields["host"], fields["pid"], fields.get("job", ""))
 
     def __str__(self) -> str:
         return f"rank {self.rank} on {self.host} (pid {self.pid})"
@@ -104,13 +125,27 @@ def latest_gen(store: Store, at: str, gen: int) -> int:
 
 
 class Claims:
-    """The claims this process holds in one store (by key), their creation, end signal
-    and deletion, and the heartbeat that keeps them alive."""
+    """The claims this process holds in one store (by key), their creation, end signal,
+    release and deletion, and the heartbeat that keeps them alive.
 
-    def __init__(self, store: Store, owner: Owner, lease_s: float) -> None:
+    ``on_error`` hears of every store failure the heartbeat thread meets, ``on_success``
+    of each round of it that met none.
+    """
+
+    def __init__(self, store: Store, owner: Owner, lease_s: float, liveness: JobLiveness, *,
+                 on_error: Callable[[StoreError], None] = lambda exc: None,
+                 on_success: Callable[[], None] = lambda: None) -> None:
         self.store = store
         self.owner = owner
+        self.lease = lease_s
+        self.liveness = liveness
+        self.on_error, self.on_success = on_error, on_success
+        expires = store.expires
+        self.claim_ttl = timedelta(seconds=lease_s * CLAIM_TTL_LEASES) if expires else None
+        self.keys_ttl = timedelta(seconds=lease_s * KEYS_TTL_LEASES) if expires else None
         self.held: dict[str, Claim] = {}
+        #: Claims to release still, each with the monotonic time after which it is dropped.
+        self.releasing: list[tuple[Claim, float]] = []
         self.lock = threading.Lock()
         self.heartbeat = Heartbeat(self, lease_s)
 
@@ -148,17 +183,18 @@ class Claims:
             return self.held.pop(key)
 
     def take(self, key: str, gen: int, at: str, what: str = "") -> bool:
-        """Create claim ``c/<at>/<gen>`` for ``key``; ``what`` says what this process
-        computes for it, in words."""
-        fields = {"rank": self.owner.rank, "host": self.owner.host, "pid": self.owner.pid, "t": time.time()}
+        """Create claim ``c/<at>/<gen>`` for ``key``, after this job's liveness key; ``what``
+        says what this process computes for it, in words."""
+        self.liveness.beat(unless_fresh=True)
+        fields = {"rank": self.owner.rank, "host": self.owner.host, "pid": self.owner.pid, "t": time.time(),
+                  "job": self.owner.job}
         if what:
             fields["what"] = what
-        record = msgpack.packb(fields)
-        if not self.store.add_if_absent(f"c/{at}/{gen}", record, ttl=_CLAIM_TTL):
+        if not self.store.add_if_absent(f"c/{at}/{gen}", msgpack.packb(fields), ttl=self.claim_ttl):
             return False
         with self.lock:
             self.held[key] = Claim(gen, time.time(), at)
-        self.store.set(f"h/{at}/{gen}", msgpack.packb([0, time.time()]))
+        self.store.set(f"h/{at}/{gen}", msgpack.packb([0, time.time()]), ttl=self.keys_ttl)
         self.heartbeat.ensure_running()
         if gen > 0:
             self._signal_moved(at, gen - 1)
@@ -171,7 +207,7 @@ class Claims:
         claimant died between writing the two; an occupied slot keeps its value."""
         beats = beats_of(self.store, at, gen)
         for n in range(max(beats, 1), beats + 2):
-            self.store.signal(f"w/{at}/{gen}/{n}", MOVED)
+            self.store.signal(f"w/{at}/{gen}/{n}", MOVED, ttl=self.keys_ttl)
 
     def signal_end(self, claim: Claim, signal: bytes) -> None:
         """Wake this claim's waiters with how it ended (the value, "published" or
@@ -179,13 +215,42 @@ class Claims:
         with claim.lock:
             claim.ended = True
             slot = claim.beats + 1
-        self.store.signal(f"w/{claim.at}/{claim.gen}/{slot}", signal)
+        self.store.signal(f"w/{claim.at}/{claim.gen}/{slot}", signal, ttl=self.keys_ttl)
 
-    def abandon(self, claim: Claim) -> None:
-        """Mark ``claim`` abandoned and wake its waiters."""
-        self.store.set(f"a/{claim.at}/{claim.gen}", msgpack.packb(time.time()))
-        self.signal_end(claim, ABANDONED)
-        log.debug("abandoned claim on %s (generation %d)", claim.at, claim.gen)
+    def release(self, claim: Claim) -> StoreError | None:
+        """Mark ``claim`` abandoned and wake its waiters, best effort; where the marker
+        cannot be written, delete the claim instead (a waiter reads a missing claim as
+        ended). Returns the store's error if the claim is neither marked nor deleted."""
+        error: StoreError | None = None
+        ended = False
+        try:
+            self.store.set(f"a/{claim.at}/{claim.gen}", msgpack.packb(time.time()), ttl=self.keys_ttl)
+            ended = True
+        except StoreError as exc:
+            error = exc
+        try:
+            self.signal_end(claim, ABANDONED)
+        except StoreError as exc:
+            error = error or exc
+        if not ended:
+            try:
+                self.store.delete(f"c/{claim.at}/{claim.gen}")
+                ended = True
+            except StoreError as exc:
+                error = exc
+        if ended:
+            log.debug("released claim on %s (generation %d)", claim.at, claim.gen)
+            return None
+        return error
+
+    def release_later(self, claim: Claim) -> None:
+        """Leave ``claim``'s release to the heartbeat thread, which tries it at each beat
+        for a lease (its waiters judge the lease by then)."""
+        with claim.lock:
+            claim.ended = True  # no more beats: nothing will finish it
+        with self.lock:
+            self.releasing.append((claim, time.monotonic() + self.lease))
+        self.heartbeat.ensure_running()
 
     def drop(self, key: str) -> None:
         """Release a claim whose value another process published meanwhile."""
@@ -208,13 +273,16 @@ class Claims:
 
 class Heartbeat:
     """The thread that bumps the heartbeat of every claim a process holds, every lease/4,
-    and signals each beat to the claim's waiters; none after a claim's end signal."""
+    and signals each beat to the claim's waiters (none after a claim's end signal); writes
+    the job's liveness key every lease/8 while it holds claims; and retries releases left
+    to it."""
 
     def __init__(self, claims: Claims, lease_s: float) -> None:
         self._claims = claims
         self._lease = lease_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._rounds = 0
 
     def ensure_running(self) -> None:
         with self._claims.lock:
@@ -225,20 +293,65 @@ class Heartbeat:
             self._thread.start()
 
     def _beat_forever(self) -> None:
+        while not self._stop.wait(self._lease / 8):
+            self._rounds += 1
+            self.beat_once(beat_claims=self._rounds % 2 == 0)
+
+    def beat_once(self, *, beat_claims: bool = True) -> None:
+        """One round: the liveness key, each held claim's beat (with ``beat_claims``), each
+        pending release."""
+        claims = self._claims
+        with claims.lock:
+            held = list(claims.held.values())
+            pending = list(claims.releasing)
+        if not held and not pending:
+            return
+        error: StoreError | None = None
+        try:
+            if held:
+                claims.liveness.beat()
+        except StoreError as exc:
+            error = exc
+        for claim in held if beat_claims else ():
+            try:
+                self._beat(claim)
+            except StoreError as exc:
+                error = error or exc
+        for entry in pending:
+            failed = claims.release(entry[0])
+            if failed is None or time.monotonic() > entry[1]:
+                with claims.lock:
+                    claims.releasing.remove(entry)
+            error = error or failed
+        if error is not None:
+            log.debug("heartbeat failed: %s", error)
+            claims.on_error(error)
+        else:
+            claims.on_success()
+
+    def _beat(self, claim: Claim) -> None:
+        """Bump ``claim``'s heartbeat, signal it, extend the claim; each write is tried
+        (a store that refuses writes still delivers the signal to subscribed waiters), and
+        the first failure is raised after all of them."""
         claims, store = self._claims, self._claims.store
-        while not self._stop.wait(self._lease / 4):
-            with claims.lock:
-                held = list(claims.held.items())
-            for key, claim in held:
+        at, gen = claim.at, claim.gen
+        with claim.lock:  # no beat after the end signal
+            if claim.ended:
+                return
+            claim.beats += 1
+            beats = claim.beats
+            writes = [lambda: store.set(f"h/{at}/{gen}", msgpack.packb([beats, time.time()]), ttl=claims.keys_ttl),
+                      lambda: store.signal(f"w/{at}/{gen}/{beats}", BEAT, ttl=claims.keys_ttl)]
+            if claims.claim_ttl is not None:  # the chain newcomers follow to this claim
+                writes += [lambda g=g: store.expire(f"c/{at}/{g}", claims.claim_ttl) for g in range(gen + 1)]
+            error: StoreError | None = None
+            for write in writes:
                 try:
-                    with claim.lock:  # no beat after the end signal
-                        if claim.ended:
-                            continue
-                        claim.beats += 1
-                        store.set(f"h/{claim.at}/{claim.gen}", msgpack.packb([claim.beats, time.time()]))
-                        store.signal(f"w/{claim.at}/{claim.gen}/{claim.beats}", BEAT)
+                    write()
                 except StoreError as exc:
-                    log.debug("heartbeat for %s failed: %s", key, exc)
+                    error = error or exc
+        if error is not None:
+            raise error
 
     def stop(self) -> None:
         self._stop.set()

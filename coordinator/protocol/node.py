@@ -20,11 +20,20 @@ it saved counts: ``coordinator.features.local_hits``).
 Every node-wide lock of the coordinator goes through :func:`file_lock`: the per-key
 locks above, a bundle's install (``coordinator.bundles``) and the :class:`DeviceLock`
 that lets one early backward compile run per device (``coordinator.features.early_backward``).
+
+The copies never cost the job its disk. A copy is written only while the file system keeps
+``RESERVE_FRACTION`` of its size (up to 1 GiB, and at least four times the copy) free
+after it, so that Inductor's own writes, which come between two copies, find room. When
+that no longer holds, or a write meets ``ENOSPC``/``EDQUOT`` anyway, the process stops
+copying, deletes the copies it wrote, says so once, and from then on asks the store
+directly, without the node's locks: the job then uses its disk as a job without the
+coordinator does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import logging
@@ -40,6 +49,12 @@ from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.singleflight import LookupResult, Singleflight
 
 log = logging.getLogger(__name__)
+
+#: The share of the file system that must stay free after a node copy is written (at most
+#: ``RESERVE_CAP_BYTES``, at least four times the copy).
+RESERVE_FRACTION = 0.10
+RESERVE_CAP_BYTES = 1 << 30
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 @contextlib.contextmanager
@@ -127,6 +142,9 @@ class NodeCache:
     def __init__(self, cache_dir: str, events: NoEvents = NO_EVENTS) -> None:
         self.root = os.path.join(cache_dir, "coordinator")
         self._events = events
+        #: False once the file system filled up: no more copies, no node locks.
+        self.copying = True
+        self._written: list[str] = []  # the copies this process wrote
 
     def _path(self, kind: str, key: str) -> str:
         return os.path.join(self.root, kind, hashlib.sha256(key.encode()).hexdigest()[:40])
@@ -138,13 +156,55 @@ class NodeCache:
         except FileNotFoundError:
             return None
 
-    def write(self, key: str, value: bytes) -> None:
+    def write(self, key: str, value: bytes) -> bool:
+        """Keep this node's copy of ``key``; never raises. Returns whether it was kept."""
+        if not self.copying:
+            return False
         path = self._path("values", key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(value)
-        os.replace(tmp, path)
+        try:
+            self._check_room(len(value))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(value)
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            if exc.errno in _FULL:
+                self.stop_copying(exc)
+            else:
+                log.debug("could not keep %s on this node: %s", key, exc)
+            return False
+        self._written.append(path)
+        return True
+
+    def _check_room(self, size: int) -> None:
+        """Raise ``ENOSPC`` unless the file system keeps its reserve free after ``size`` more bytes."""
+        os.makedirs(self.root, exist_ok=True)
+        fs = os.statvfs(self.root)
+        free, total = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+        reserve = max(min(total * RESERVE_FRACTION, RESERVE_CAP_BYTES), 4 * size)
+        if free - size < reserve:
+            raise OSError(errno.ENOSPC, f"{free / 1e6:.1f} MB free of {total / 1e6:.1f} MB, "
+                                        f"{reserve / 1e6:.1f} MB kept for the job")
+
+    def stop_copying(self, exc: OSError) -> None:
+        """The file system is full: stop copying, delete this process's copies, say so once."""
+        if not self.copying:
+            return
+        self.copying = False
+        freed = 0
+        for path in self._written:
+            try:
+                freed += os.path.getsize(path)
+                os.remove(path)
+            except OSError:
+                pass
+        self._written.clear()
+        log.warning("compile_once: the file system of %s has no room for node-local copies (%s): no more copies; "
+                    "freed the %.1f MB this process wrote, and local ranks ask the store", self.root,
+                    exc.strerror or exc, freed / 1e6)
 
     def forget(self, key: str, value: bytes) -> None:
         """Remove this node's copy of ``key`` if it is ``value`` (a value that failed
@@ -167,6 +227,8 @@ class NodeCache:
         local = self.read(key)
         if local is not None:
             return LookupResult(local, Outcome.NODE)
+        if not self.copying:
+            return flight.lookup(key, blocking=blocking, before_waiting=work_first)
         started = time.monotonic()
         wait_began: list[float] = []
         try:
@@ -185,8 +247,11 @@ class NodeCache:
                 return result
         except WaitTimeout:
             return flight.lookup(key, blocking=blocking)
-        except OSError as exc:
-            log.warning("compile_once: node-local lookup of %s failed (%s); asking the store", key, exc)
+        except OSError as exc:  # the node's lock could not be made
+            if exc.errno in _FULL:
+                self.stop_copying(exc)
+            else:
+                log.warning("compile_once: node-local lookup of %s failed (%s); asking the store", key, exc)
             return flight.lookup(key, blocking=blocking)
 
     @contextlib.contextmanager

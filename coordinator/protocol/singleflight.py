@@ -14,6 +14,13 @@ For every key the store holds at most these entries::
                      "abandoned"; "moved" when claim <gen + 1> took it over
     n/<key>/<mark>   a mark set once (:meth:`Singleflight.first_to_mark`): the first
                      process to set it learns so
+    j/<job>          the liveness key of a job whose processes hold claims
+                     (``coordinator.protocol.liveness``)
+
+A claim's record names its claimant and the claimant's job. Where the store expires keys
+(Redis), a claim and its heartbeat, signals and marker live a few leases past the
+claimant's last heartbeat (``coordinator.protocol.claims``); values live as the store keeps
+them.
 
 :meth:`Singleflight.lookup` returns the value if it is published. Otherwise it
 tries to create claim 0; the rank that succeeds gets ``None`` back, computes the
@@ -23,9 +30,14 @@ collective) until one of four things happens:
 * the value is published: they return it;
 * the claimant marks the claim abandoned (Inductor bypassed the cache for that
   graph, or its compile failed): they return ``None`` and compute locally;
-* the heartbeat stops moving for a whole lease (the claimant died): each tries to
-  create claim ``gen + 1``; exactly one succeeds and computes, the others follow it;
+* the heartbeat stops moving for a whole lease (the claimant died), or the claim is of
+  another job that has ended, or it is gone from the store: each tries to create claim
+  ``gen + 1``; exactly one succeeds and computes, the others follow it;
 * the configured deadline passes: they compute locally.
+
+A claimant that cannot finish its claim (its compile failed, its publish failed, the store
+refuses writes, the value is larger than the store can hold) releases it at once, best
+effort, which ends its waiters' waits as an abandoned claim does.
 
 The claims a process holds and their heartbeat are ``coordinator.protocol.claims``; the
 wait is ``coordinator.protocol.waiting``; how a lookup ended is an
@@ -69,9 +81,18 @@ waits for another key: its lookups inside the step are non-blocking. So every wa
 points at a rank inside a leaf step, which ends (publishes, abandons, or dies and
 loses its lease) without waiting itself. Keys whose value can depend on other ranks
 (AOTAutograd entries, published after a backward that may follow forward-pass
-collectives; PGO profiles) are never waited on, only read. Any store failure disables
-the store for this process and every later lookup returns ``None``: losing the
-coordinator costs compile time, never the job.
+collectives; PGO profiles) are never waited on, only read. The checks of a claim's job
+and of the claim's existence (``coordinator.protocol.waiting``) only end waits early, into
+the takeover a lapsed lease leads to: they add no wait, and the argument above still holds.
+
+A store failure costs compile time, never the job (``coordinator.protocol.health``): a
+store that fails is left alone for a backoff (1 s, doubling to 30 s), during which every
+lookup returns ``None`` at once and nothing is written, then tried again; when it answers,
+sharing resumes. A store that refuses writes (``StoreFull``) is still read from: a lookup
+returns a published value, and waits for a claim another process holds, but claims
+nothing, and nothing is published, until its own backoff has passed. A value larger than
+the store can hold (:meth:`Store.capacity`) is never sent; that is said once, with the
+size and the limit.
 
 A rank that waits may do work of its own first: ``lookup``'s ``before_waiting`` is
 called until it has nothing left (``coordinator.features.early_backward``: backward graphs this
@@ -100,10 +121,13 @@ from coordinator.protocol.claims import (
     MOVED,
     PUBLISHED,
     VALUE,
+    Claim,
     Claims,
     Owner,
     latest_gen,
 )
+from coordinator.protocol.health import StoreHealth
+from coordinator.protocol.liveness import JobLiveness
 from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.stores.base import Store
 from coordinator.protocol.waiting import Waiter
@@ -156,28 +180,31 @@ class Singleflight:
         self.lease = lease.total_seconds()
         self.wait_timeout = wait_timeout.total_seconds()
         self.progress_interval = progress_interval.total_seconds()
-        self._claims = Claims(store, owner, self.lease)
+        #: Whether the store may be asked now, and written (``coordinator.protocol.health``).
+        self.health = StoreHealth(store.name, events)
+        self._liveness = JobLiveness(store, owner.job, self.lease)
+        self._claims = Claims(store, owner, self.lease, self._liveness, on_error=self._failed,
+                              on_success=self.health.answered)
         self._waiter = Waiter(store, lease_s=self.lease, wait_timeout_s=self.wait_timeout,
-                              progress_interval_s=self.progress_interval, signalled_waits=signalled_waits)
-        self._broken: str | None = None
+                              progress_interval_s=self.progress_interval, signalled_waits=signalled_waits,
+                              liveness=self._liveness)
+        self._told_too_large = False
         self._thread = threading.local()
         if signalled_waits:
             try:
                 store.prepare_watch()
             except StoreError as exc:
-                self._fail(exc)
+                self._failed(exc)
 
     # -- state -------------------------------------------------------------------------
 
     @property
     def available(self) -> bool:
-        return self._broken is None
+        """Whether the store may be asked now (it answers, or its backoff has passed)."""
+        return self.health.reachable()
 
-    def _fail(self, exc: StoreError) -> None:
-        if self._broken is None:
-            self._broken = str(exc)
-            self.events.instant("store lost", error=str(exc))
-            log.warning("coordinator store %s failed, compiling locally from now on: %s", self.store.name, exc)
+    def _failed(self, exc: StoreError) -> None:
+        self.health.failed(exc)
 
     def claim_started(self, key: str) -> float | None:
         """Wall-clock time this process claimed ``key``, or ``None`` if it holds no claim."""
@@ -215,19 +242,23 @@ class Singleflight:
         if not self.available:
             return LookupResult(None, Outcome.UNAVAILABLE)
         try:
-            return self._lookup(key, blocking, before_waiting, rejected, what)
+            # A store that refuses writes is only read: a miss claims nothing (it may wait
+            # for a claim another process holds, which thought it could publish).
+            result = self._lookup(key, blocking, before_waiting, rejected, what, may_claim=self.health.writable())
         except StoreError as exc:
-            self._fail(exc)
+            self._failed(exc)
             return LookupResult(None, Outcome.UNAVAILABLE)
+        self.health.answered()
+        return result
 
     def _lookup(self, key: str, blocking: bool, before_waiting: Callable[[], bool] | None = None,
-                rejected: bytes | None = None, what: str | None = None) -> LookupResult:
+                rejected: bytes | None = None, what: str | None = None, *, may_claim: bool = True) -> LookupResult:
         value = self._waiter.published(f"v/{key}", rejected)
         if value is not None:
             return LookupResult(value, Outcome.HIT)
         if not blocking:
             return LookupResult(None, Outcome.NONBLOCKING)
-        return self._claim_or_wait(key, f"v/{key}", before_waiting, rejected, what)
+        return self._claim_or_wait(key, f"v/{key}", before_waiting, rejected, what, may_claim=may_claim)
 
     def follow(self, key: str, *, grace_s: float = 0.0) -> LookupResult:
         """Wait for ``key``'s value while another process holds a claim on it, never
@@ -241,10 +272,12 @@ class Singleflight:
         if not self.available:
             return LookupResult(None, Outcome.UNAVAILABLE)
         try:
-            return self._follow(key, grace_s)
+            result = self._follow(key, grace_s)
         except StoreError as exc:
-            self._fail(exc)
+            self._failed(exc)
             return LookupResult(None, Outcome.UNAVAILABLE)
+        self.health.answered()
+        return result
 
     def _follow(self, key: str, grace_s: float) -> LookupResult:
         published = f"v/{key}"
@@ -283,21 +316,25 @@ class Singleflight:
             return LookupResult(None, Outcome.UNAVAILABLE)
         try:
             if self.store.get(f"d/{key}") is not None:
-                return LookupResult(None, Outcome.HIT)
-            result = self._claim_or_wait(key, f"d/{key}", what=what)
+                result = LookupResult(None, Outcome.HIT)
+            else:
+                result = self._claim_or_wait(key, f"d/{key}", what=what, may_claim=self.health.writable())
         except StoreError as exc:
-            self._fail(exc)
+            self._failed(exc)
             return LookupResult(None, Outcome.UNAVAILABLE)
+        self.health.answered()
         return LookupResult(None, result.outcome, result.waited_s)
 
     def _claim_or_wait(self, key: str, published: str, before_waiting: Callable[[], bool] | None = None,
-                       rejected: bytes | None = None, what: str | None = None) -> LookupResult:
+                       rejected: bytes | None = None, what: str | None = None, *,
+                       may_claim: bool = True) -> LookupResult:
         """Claim ``key``, or wait while another process holds it until store key
         ``published`` appears (returning its value), the claim is abandoned or expires
         (then try to claim the next generation), or the deadline passes. With
         ``rejected``, that value of ``published`` counts as absent, and the claim is the
         key's redo claim for it. ``what`` goes into the claim's record (default:
-        ``describe(key)``)."""
+        ``describe(key)``). Without ``may_claim`` (the store refuses writes), a key nobody
+        holds is ``nonblocking``: computed here, unclaimed."""
         may_wait = self._may_wait()
         at = key if rejected is None else f"{key}/redo-{hashlib.sha256(rejected).hexdigest()[:16]}"
         if what is None:
@@ -305,7 +342,10 @@ class Singleflight:
         started = time.monotonic()
         gen = 0
         while True:
-            if self._claims.take(key, gen, at, what):
+            if not may_claim:
+                if self.store.get(f"c/{at}/{gen}") is None:
+                    return LookupResult(None, Outcome.NONBLOCKING)
+            elif self._claims.take(key, gen, at, what):
                 # Re-check: the value may have been published (and its claim deleted)
                 # between our first read and the claim.
                 value = self._waiter.published(published, rejected)
@@ -343,22 +383,35 @@ class Singleflight:
 
         The value is written first, then the end signal (carrying a small value), then
         the "done" marker, then the claim's own keys are deleted: a woken waiter finds
-        everything it reads already written.
+        everything it reads already written. A value that is not written (the store is
+        down or refuses writes, or the value is larger than the store can hold) releases
+        the claim instead.
 
         Returns:
-            False if the store failed (the value stays local).
+            Whether the value is in the store (else it stays local).
         """
-        if not self.available:
+        if not self.health.writable():
+            self._release(self._claims.pop(key))
             return False
         try:
-            self.store.set(f"v/{key}", value)
-            claim = self._claims.pop(key)
+            unsent = self._too_large(len(value))
+            if not unsent:
+                self.store.set(f"v/{key}", value)
+        except StoreError as exc:
+            self._failed(exc)
+            unsent = True
+        if unsent:
+            self._release(self._claims.pop(key))
+            return False
+        claim = self._claims.pop(key)
+        try:
             if claim is not None:
                 self._claims.signal_end(claim, VALUE + value if len(value) <= INLINE_VALUE_BYTES else PUBLISHED)
             self.store.set(f"d/{key}", b"1")
         except StoreError as exc:
-            self._fail(exc)
-            return False
+            self._failed(exc)
+        else:
+            self.health.wrote()
         if claim is not None:
             self._claims.delete(key, claim)
         return True
@@ -399,6 +452,30 @@ class Singleflight:
         self.abandon(key, publishing=True)
         return False
 
+    def _too_large(self, size: int) -> bool:
+        """Whether a value of ``size`` bytes is larger than the store can hold (said once)."""
+        limit = self.store.capacity()
+        if limit is None or size <= limit:
+            return False
+        if not self._told_too_large:
+            self._told_too_large = True
+            log.warning("coordinator store %s holds at most %d bytes (%.2f MB: maxmemory less the server's own use); "
+                        "a value of %d bytes (%.2f MB) is not sent to it, nor any other value over that limit: "
+                        "each rank compiles those graphs", self.store.name, limit, limit / 1e6, size, size / 1e6)
+        return True
+
+    def _release(self, claim: Claim | None) -> None:
+        """Release a claim this process will not finish, at once where the store answers,
+        else from the heartbeat thread."""
+        if claim is None:
+            return
+        if self.health.reachable():
+            error = self._claims.release(claim)
+            if error is None:
+                return
+            self._failed(error)
+        self._claims.release_later(claim)
+
     def first_to_mark(self, key: str, mark: str | int) -> bool:
         """Set the once-only mark ``n/<key>/<mark>``: whether this process set it first.
 
@@ -413,13 +490,7 @@ class Singleflight:
     def abandon(self, key: str, *, publishing: bool = False) -> None:
         """Tell waiters that this process will not publish ``key``. A claim whose value is
         being written behind the compile is left to that write unless ``publishing``."""
-        claim = self._claims.pop(key, publishing=publishing)
-        if claim is None or not self.available:
-            return
-        try:
-            self._claims.abandon(claim)
-        except StoreError as exc:
-            self._fail(exc)
+        self._release(self._claims.pop(key, publishing=publishing))
 
     def abandon_all(self) -> int:
         """Abandon every claim whose value is still being computed (a compile ended
@@ -448,9 +519,11 @@ class Singleflight:
 
     def close(self) -> None:
         """Stop the writer (what it has not written is lost), abandon the claims still held,
-        stop the heartbeat thread."""
+        stop the heartbeat thread, and delete this job's liveness key if this process wrote it."""
         if self.writer is not None:
             self.writer.close()
         for key in self._claims.keys(publishing=True):
             self.abandon(key, publishing=True)
         self._claims.heartbeat.stop()
+        if self.health.reachable():
+            self._liveness.end()

@@ -12,6 +12,16 @@ has waited, and the key as the trace names it (one line; wrapped here)::
 The lines back off: with ``progress_interval`` P (default 10 s) they come after P, 3P and
 6P of waiting, then every 6P (10 s, 30 s, 60 s, then every minute), counted from the start
 of the lookup, so that a takeover does not start the series again.
+
+Besides the claimant's signals, a waiter looks at the store itself when no signal came
+for a while: whether the claim still exists (a claimant whose store refuses writes deletes
+its claim to release it, and its signals may not have been kept), every quarter lease where
+it polls and every third where keys expire (Redis; a timed-out c10d wait is costly, and
+that store refuses no writes); and on a claim of another job, also whether that job still
+runs (``coordinator.protocol.liveness``), every eighth of a lease where keys expire. A claim
+that is gone, or of a job that is gone, ends the wait as a lapsed lease does: the waiter
+tries the next generation (where the claim was published and deleted, it finds the value).
+So does a value announced as published that the store no longer holds (evicted).
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import time
 
 from coordinator.observe.trace import short_key
 from coordinator.protocol.claims import ABANDONED, BEAT, MOVED, PUBLISHED, VALUE, Owner, beats_of, claim_record
+from coordinator.protocol.liveness import JobLiveness
 from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.stores.base import PollingWatch, Store
 
@@ -34,8 +45,9 @@ class Waiter:
     """Waits of one process on the claims of others in one store."""
 
     def __init__(self, store: Store, *, lease_s: float, wait_timeout_s: float, progress_interval_s: float,
-                 signalled_waits: bool) -> None:
+                 signalled_waits: bool, liveness: JobLiveness | None = None) -> None:
         self.store = store
+        self.liveness = liveness
         self.lease = lease_s
         self.wait_timeout = wait_timeout_s
         self.progress_interval = progress_interval_s
@@ -57,11 +69,19 @@ class Waiter:
         ``at`` names the claim (the key, or its redo name)."""
         raw = self.store.get(f"c/{at}/{gen}")
         owner = Owner.of_claim(raw)
-        what = claim_record(raw).get("what") if raw is not None else None
+        if owner is None:  # ended since it was found: published (and deleted), or released
+            value = self.published(published, rejected)
+            return (Outcome.WAITED, value, None) if value is not None else (Outcome.EXPIRED, None, None)
+        what = claim_record(raw).get("what")
         key = short_key(at.split("/redo-", 1)[0])  # a redo claim's key
-        claimant = _Claimant(str(owner or "an unknown rank"), f"{what or 'its key'} ({key})")
-        ended, value = self._wait_on(at, gen, started, published, claimant, rejected)
-        return ended, value, owner.rank if owner is not None else None
+        claimant = _Claimant(str(owner), f"{what or 'its key'} ({key})")
+        other = owner.job if self.liveness is not None and self.liveness.is_other(owner.job) else None
+        seen = self.liveness.seen(other) if other is not None else None
+        if other is not None and seen is None:
+            log.info("%s on %s belongs to job %s, which has ended; taking over", claimant.owner, claimant.what, other)
+            return Outcome.EXPIRED, None, owner.rank
+        ended, value = self._wait_on(at, gen, started, published, claimant, rejected, other, seen)
+        return ended, value, owner.rank
 
     def progress_due(self, waited_s: float) -> float:
         """When the next progress line is due, in seconds of waiting, after ``waited_s``:
@@ -93,7 +113,10 @@ class Waiter:
         return None, next_progress
 
     def _wait_on(self, key: str, gen: int, started: float, published: str, claimant: _Claimant,
-                 rejected: bytes | None) -> tuple[Outcome, bytes | None]:
+                 rejected: bytes | None, other: str | None = None,
+                 seen: bytes | None = None) -> tuple[Outcome, bytes | None]:
+        """``other``: the claimant's job, if it is another job (whose liveness key read
+        ``seen`` when the wait began)."""
         beats = beats_of(self.store, key, gen)
         last_change = time.monotonic()
         next_progress = started + self.progress_due(last_change - started)
@@ -105,24 +128,43 @@ class Waiter:
         watching = (self.store.watch(f"w/{key}/{gen}") if self.signalled_waits
                     else contextlib.nullcontext(PollingWatch(self.store)))
         with watching as watch:
+            # Where it polls, the waiter also sees a claim deleted; on another job's claim,
+            # where keys expire, that the job is gone (a blocking c10d wait never times out early).
+            look_every = (self.lease / 8 if other is not None and self.store.expires
+                          else self.lease / 4 if not watch.blocking
+                          else self.lease / 3 if self.store.expires else None)
+            looked = False
             while True:
                 if check:
+                    exists = self.store.get(f"c/{key}/{gen}") is not None if looked else True
                     value = self.published(published, rejected)
                     if value is not None:
                         return Outcome.WAITED, value
                     if self.store.get(f"a/{key}/{gen}") is not None:
                         return self._abandoned(claimant)
-                    check = False
+                    if not exists:
+                        log.info("%s released or lost its claim on %s; taking it over", claimant.owner, claimant.what)
+                        return Outcome.EXPIRED, None
+                    if looked and other is not None and self.liveness.gone(other):
+                        log.info("%s on %s belongs to job %s, which has ended; taking over",
+                                 claimant.owner, claimant.what, other)
+                        return Outcome.EXPIRED, None
+                    check = looked = False
                 now = time.monotonic()
                 ended, next_progress = self._judge(claimant, started, last_change, next_progress, now, lease=lease)
                 if ended:
+                    if ended == Outcome.EXPIRED and other is not None:
+                        self.liveness.lapsed(other, seen)
                     return ended, None
                 # No timeout for the progress line: a live claimant signals every lease/4,
                 # and each signal brings the judgement round again. A timed-out c10d wait
                 # is costly (TCPStore cancels it and logs a warning).
                 timeout = min(last_change + lease, started + self.wait_timeout) - now
-                signal = watch.wait(f"w/{key}/{gen}/{beats + 1}", max(timeout, 0.0) + 0.001)
+                looking = look_every is not None and timeout > look_every
+                signal = watch.wait(f"w/{key}/{gen}/{beats + 1}",
+                                    max(look_every if looking else timeout, 0.0) + 0.001)
                 if signal is None:
+                    check = looked = looking
                     continue
                 beats += 1
                 last_change = time.monotonic()
@@ -138,8 +180,15 @@ class Waiter:
                     return Outcome.EXPIRED, None
                 if signal == PUBLISHED and not wants_value:
                     return Outcome.WAITED, None  # an offer: the value is published, d/ follows it
-                # PUBLISHED (read v/, written before the signal), or a signal this version
-                # does not know: read the store, as a poll would.
+                if signal == PUBLISHED:  # the value is in v/, written before the signal
+                    value = self.published(published, rejected)
+                    if value is not None:
+                        return Outcome.WAITED, value
+                    # Evicted (Redis at maxmemory) or replaced since: nobody will publish it now.
+                    log.info("%s published %s, but the store no longer holds it; taking it over",
+                             claimant.owner, claimant.what)
+                    return Outcome.EXPIRED, None
+                # A signal this version does not know: read the store, as a poll would.
                 check = True
 
     @staticmethod

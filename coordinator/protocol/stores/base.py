@@ -7,7 +7,13 @@ store's server-side ``wait``, Redis publish/subscribe) wakes the waiter when the
 written with :meth:`Store.signal`; the others poll. Keys are short ASCII paths
 (``[A-Za-z0-9._:/-]``); values are bytes. Backends
 raise :class:`~coordinator.errors.StoreError` for any transport failure, so the
-caller can fall back to compiling locally.
+caller can fall back to compiling locally, and its subclass
+:class:`~coordinator.errors.StoreFull` for a write refused for lack of room (the store
+can still be read).
+
+A backend that expires keys (:attr:`Store.expires`: Redis) honours ``ttl=`` on writes and
+:meth:`Store.expire`; the others keep keys until they are deleted. :meth:`Store.capacity`
+is the largest value a backend can hold, where it knows one.
 """
 
 from __future__ import annotations
@@ -23,6 +29,19 @@ from datetime import timedelta
 from coordinator.errors import ConfigError
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9._:/-]+$")
+
+
+def ttl_ms(ttl: timedelta | None) -> int | None:
+    """``ttl`` in whole milliseconds (at least 1), or ``None``; refuses a TTL that is not positive.
+
+    Raises:
+        ConfigError: ``ttl`` is zero or negative.
+    """
+    if ttl is None:
+        return None
+    if ttl <= timedelta(0):
+        raise ConfigError(f"ttl={ttl.total_seconds():g}s: a time to live must be a positive number of seconds")
+    return max(1, int(ttl.total_seconds() * 1000))
 
 
 def check_key(key: str) -> str:
@@ -50,6 +69,8 @@ class Store(abc.ABC):
     #: Whether it can hold a job's live claims and signals (:meth:`add_if_absent`, :meth:`watch`);
     #: an object store holds bundles and the persistent layer only.
     live: bool = True
+    #: Whether ``ttl=`` and :meth:`expire` expire keys here (else keys live until deleted).
+    expires: bool = False
 
     @abc.abstractmethod
     def get(self, key: str) -> bytes | None:
@@ -90,10 +111,18 @@ class Store(abc.ABC):
                 entries.append(StoredEntry(key, len(value)))
         return entries
 
-    def signal(self, key: str, value: bytes) -> None:
+    def signal(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
         """Write a small, write-once ``value`` under ``key`` and wake whoever watches it
-        (:meth:`watch`)."""
-        self.set(key, value)
+        (:meth:`watch`); ``ttl`` as for :meth:`set`."""
+        self.set(key, value, ttl)
+
+    def expire(self, key: str, ttl: timedelta) -> None:  # noqa: B027 - most stores keep keys until deleted
+        """Where keys expire (:attr:`expires`), let ``key`` live ``ttl`` from now (if it exists)."""
+
+    def capacity(self) -> int | None:
+        """The largest value this store can hold, in bytes (Redis: its ``maxmemory`` less what
+        the server uses empty), or ``None`` where no limit is known."""
+        return None
 
     @contextlib.contextmanager
     def watch(self, prefix: str) -> Iterator[Watch]:
@@ -158,6 +187,7 @@ class TimedStore(Store):
     def __init__(self, inner: Store, record: Callable[[float], None]) -> None:
         self.inner = inner
         self.name = inner.name
+        self.expires = inner.expires
         self._record = record
 
     def _timed(self, fn, *args):
@@ -185,8 +215,14 @@ class TimedStore(Store):
     def list_entries(self, prefix: str) -> list[StoredEntry]:
         return self._timed(self.inner.list_entries, prefix)
 
-    def signal(self, key: str, value: bytes) -> None:
-        self._timed(self.inner.signal, key, value)
+    def signal(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
+        self._timed(self.inner.signal, key, value, ttl)
+
+    def expire(self, key: str, ttl: timedelta) -> None:
+        self._timed(self.inner.expire, key, ttl)
+
+    def capacity(self) -> int | None:
+        return self.inner.capacity()
 
     @contextlib.contextmanager
     def watch(self, prefix: str) -> Iterator[Watch]:

@@ -5,7 +5,11 @@ rendezvous, so ranks can meet there with no server and no configuration. It live
 as long as the job, so nothing persists across jobs. Claims use ``compare_set``
 with an empty expected value, which TCPStore treats as create-if-absent. Calls are
 serialized with a lock so the heartbeat thread can share the connection; none of
-them blocks, because ``get`` is only issued for keys that ``check`` found.
+them blocks. A read is a ``compare_set`` whose expected value no stored value equals
+(``_ABSENT``): it answers the key's value, or ``_ABSENT`` for a missing key, in one round
+trip, and writes nothing. (A ``get`` waits until the key exists: after a ``check``, a key
+deleted in between, such as a liveness key at its job's exit, would hold the reader until
+the store's timeout.)
 
 TCPStore's libuv server (the default since torch 2.4) refuses any message over 8 MiB
 and drops the connection, which is also the process group's. An FX-graph entry with
@@ -34,6 +38,8 @@ from coordinator.protocol.stores.base import PollingWatch, Store, Watch, check_k
 
 #: Largest single TCPStore value we write: half the libuv server's 8 MiB message limit.
 CHUNK_BYTES = 4 * 1024 * 1024
+#: What a read expects: no value we write equals it (they start with a tag byte).
+_ABSENT = b"\x00coordinator: absent"
 
 
 class C10dStore(Store):
@@ -56,12 +62,9 @@ class C10dStore(Store):
 
     def _read(self, full: str) -> bytes | None:
         def read():
-            if not self._store.check([full]):
-                return None
-            # A key deleted between check and get (a claim's heartbeat, as its owner
-            # publishes) reads as b"" from TCPStore's libuv server. Every value we write
-            # starts with a tag byte, so an empty one means absent.
-            return bytes(self._store.get(full)) or None
+            value = bytes(self._store.compare_set(full, _ABSENT, _ABSENT))
+            # Every value we write starts with a tag byte: an empty one means absent too.
+            return None if value == _ABSENT else value or None
 
         return self._call("get", read)
 
@@ -98,7 +101,7 @@ class C10dStore(Store):
         current = self._call("compare_set", self._store.compare_set, full, b"", chunks.RAW + value)
         return bytes(current) == chunks.RAW + value
 
-    def signal(self, key: str, value: bytes) -> None:
+    def signal(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
         full = self._prefix + check_key(key)
         self._call("compare_set", self._store.compare_set, full, b"", chunks.RAW + value)
 

@@ -5,16 +5,19 @@ directory and are published with ``os.replace``, so a reader sees either nothing
 the whole value — never a torn write, which is what breaks shared Inductor cache
 directories under many ranks. A claim is published with ``os.link``, which fails
 if the target exists: atomic create-if-absent with the full content in place.
-Expiry is not supported; stale claims are detected by their heartbeat instead.
+Expiry is not supported; stale claims are detected by their heartbeat instead. A write
+refused for lack of room (``ENOSPC``, ``EDQUOT``) is
+:class:`~coordinator.errors.StoreFull`, and leaves no temporary file behind.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
 from datetime import timedelta
 
-from coordinator.errors import StoreError
+from coordinator.errors import StoreError, StoreFull
 from coordinator.protocol.stores.base import Store, StoredEntry, check_key
 
 
@@ -36,9 +39,21 @@ class FileStore(Store):
     def _temp_file(self, path: str, value: bytes) -> str:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as f:
-            f.write(value)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(value)
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
         return tmp
+
+    def _error(self, doing: str, exc: OSError) -> StoreError:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StoreFull(f"{doing} {self.root} refused: {exc}")
+        return StoreError(f"{doing} {self.root} failed: {exc}")
 
     def get(self, key: str) -> bytes | None:
         try:
@@ -55,7 +70,7 @@ class FileStore(Store):
             tmp = self._temp_file(path, value)
             os.replace(tmp, path)
         except OSError as exc:
-            raise StoreError(f"writing {key} to {self.root} failed: {exc}") from exc
+            raise self._error(f"writing {key} to", exc) from exc
 
     def add_if_absent(self, key: str, value: bytes, ttl: timedelta | None = None) -> bool:
         path = self._path(key)
@@ -69,7 +84,7 @@ class FileStore(Store):
             finally:
                 os.unlink(tmp)
         except OSError as exc:
-            raise StoreError(f"claiming {key} in {self.root} failed: {exc}") from exc
+            raise self._error(f"claiming {key} in", exc) from exc
 
     def list_keys(self, prefix: str) -> list[str]:
         keys = []

@@ -1,11 +1,17 @@
 """Redis (or Valkey) as a coordinator store, for sharing compiles across jobs.
 
 ``redis://[:password@]host:port/db`` or ``rediss://`` for TLS. Claims are
-``SET key value NX PX lease``. Redis refuses values over 512 MB and large values
+``SET key value NX PX ttl``; keys written with a ``ttl`` expire (``PX``), and
+:meth:`RedisStore.expire` is ``PEXPIRE``. Redis refuses values over 512 MB and large values
 block the server, so a value longer than ``chunk_bytes`` is written as chunks under
 an upload id, and only then is the key set to a small manifest naming them
-(:mod:`coordinator.protocol.stores.chunks`): a reader never sees a half-written value.
-redis-py is imported only when this store is chosen.
+(:mod:`coordinator.protocol.stores.chunks`): a reader never sees a half-written value, and
+the chunks of a write that fails are deleted.
+
+A server at ``maxmemory`` under ``noeviction`` refuses writes with an ``OOM`` error: that is
+:class:`~coordinator.errors.StoreFull`, and reads, deletes, ``PEXPIRE`` and ``PUBLISH`` still
+work. :meth:`RedisStore.capacity` reads ``maxmemory`` once (``INFO memory``; a server that
+refuses ``INFO`` has no known limit). redis-py is imported only when this store is chosen.
 """
 
 from __future__ import annotations
@@ -17,16 +23,20 @@ import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlparse
 
-from coordinator.errors import StoreError
+from coordinator.errors import StoreError, StoreFull
 from coordinator.protocol.stores import chunks
-from coordinator.protocol.stores.base import Store, Watch, check_key
+from coordinator.protocol.stores.base import Store, Watch, check_key, ttl_ms
+
+_UNKNOWN = object()
 
 
 class RedisStore(Store):
     """A Redis server reached through redis-py; values chunked above ``chunk_bytes``."""
 
     name = "redis"
+    expires = True
 
     def __init__(
         self,
@@ -41,17 +51,24 @@ class RedisStore(Store):
         except ImportError as exc:  # pragma: no cover - redis is a declared dependency
             raise StoreError("the redis store needs redis-py: pip install redis") from exc
         self._redis_errors = (redis.exceptions.RedisError, OSError)
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout.total_seconds(),
-            socket_connect_timeout=timeout.total_seconds(),
-        )
+        self._refused = redis.exceptions.OutOfMemoryError
+        self._response_error = redis.exceptions.ResponseError
+        parsed = urlparse(url)
+        # Never log the password; name the scheme once: "redis host:port/db".
+        self.name = f"{parsed.scheme} {parsed.netloc.rpartition('@')[2]}{parsed.path}"
+        try:
+            self._client = redis.Redis.from_url(
+                url,
+                socket_timeout=timeout.total_seconds(),
+                socket_connect_timeout=timeout.total_seconds(),
+            )
+        except ValueError as exc:  # check_store_url refuses these first
+            raise StoreError(f"cannot use redis store {self.name}: {exc}") from None
         self._chunk_bytes = chunk_bytes
         self._prefix = prefix
         self._subscribers: list[Any] = []  # subscriber connections not in a wait
         self._subscribers_lock = threading.Lock()
-        # Never log the password.
-        self.name = f"redis {url.split('@')[-1]}"
+        self._capacity: Any = _UNKNOWN
 
     def _key(self, key: str) -> str:
         return self._prefix + check_key(key)
@@ -63,7 +80,12 @@ class RedisStore(Store):
         try:
             return fn(*args, **kwargs)
         except self._redis_errors as exc:
-            raise StoreError(f"redis {what} failed on {self.name}: {exc}") from exc
+            raise self._error(what, exc) from exc
+
+    def _error(self, what: str, exc: BaseException) -> StoreError:
+        if isinstance(exc, self._refused):
+            return StoreFull(f"redis {what} refused on {self.name}: {exc}")
+        return StoreError(f"redis {what} failed on {self.name}: {exc}")
 
     def get(self, key: str) -> bytes | None:
         head = self._run("GET", self._client.get, self._key(key))
@@ -81,11 +103,20 @@ class RedisStore(Store):
         return parts
 
     def set(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
-        px = int(ttl.total_seconds() * 1000) if ttl is not None else None
+        px = ttl_ms(ttl)
         head, upload_id, parts = chunks.split(value, self._chunk_bytes)
-        for index, part in enumerate(parts):
-            self._run("SET chunk", self._client.set, self._chunk_key(key, upload_id, index), part, px=px)
-        old = self._run("SET", self._client.set, self._key(key), head, px=px, get=True)
+        written: list[str] = []
+        try:
+            for index, part in enumerate(parts):
+                name = self._chunk_key(key, upload_id, index)
+                self._run("SET chunk", self._client.set, name, part, px=px)
+                written.append(name)
+            old = self._run("SET", self._client.set, self._key(key), head, px=px, get=True)
+        except StoreError:
+            if written:  # a value that was not published leaves no chunks behind (DEL works at maxmemory)
+                with contextlib.suppress(StoreError):
+                    self._run("DEL chunks", self._client.delete, *written)
+            raise
         self._delete_chunks(key, old)
 
     def _delete_chunks(self, key: str, head: bytes | None) -> None:
@@ -101,7 +132,7 @@ class RedisStore(Store):
         return sorted(n.decode()[start:] for n in names if b"#chunk/" not in n)
 
     def add_if_absent(self, key: str, value: bytes, ttl: timedelta | None = None) -> bool:
-        px = int(ttl.total_seconds() * 1000) if ttl is not None else None
+        px = ttl_ms(ttl)
         created = self._run("SET NX", self._client.set, self._key(key), chunks.RAW + value, nx=True, px=px)
         return bool(created)
 
@@ -109,16 +140,37 @@ class RedisStore(Store):
         old = self._run("GETDEL", self._client.getdel, self._key(key))
         self._delete_chunks(key, old)
 
-    def signal(self, key: str, value: bytes) -> None:
+    def signal(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
         # The key for a waiter that subscribes later, the message (with the value) for the
-        # subscribed ones: one round trip.
+        # subscribed ones: one round trip. At maxmemory the SET is refused and the PUBLISH
+        # still wakes the subscribed waiters; the refusal is raised after it.
         import msgpack
 
         channel, _, name = self._key(key).rpartition("/")
         pipe = self._client.pipeline(transaction=False)
-        pipe.set(self._key(key), chunks.RAW + value)
+        pipe.set(self._key(key), chunks.RAW + value, px=ttl_ms(ttl))
         pipe.publish(channel, msgpack.packb([name, value]))
-        self._run("SET+PUBLISH", pipe.execute)
+        results = self._run("SET+PUBLISH", pipe.execute, raise_on_error=False)
+        failed = next((result for result in results if isinstance(result, BaseException)), None)
+        if failed is not None:
+            raise self._error("SET+PUBLISH", failed) from failed
+
+    def expire(self, key: str, ttl: timedelta) -> None:
+        self._run("PEXPIRE", self._client.pexpire, self._key(key), ttl_ms(ttl))
+
+    def capacity(self) -> int | None:
+        """``maxmemory`` less the memory the server used when it started, read once; ``None``
+        when no ``maxmemory`` is set or the server refuses ``INFO``."""
+        if self._capacity is _UNKNOWN:
+            try:
+                info = self._client.info("memory")
+            except self._response_error:  # INFO renamed or disabled (managed Redis): no known limit
+                info = {}
+            except self._redis_errors as exc:
+                raise self._error("INFO", exc) from exc
+            maxmemory = int(info.get("maxmemory", 0) or 0)
+            self._capacity = max(0, maxmemory - int(info.get("used_memory_startup", 0) or 0)) if maxmemory else None
+        return self._capacity
 
     @contextlib.contextmanager
     def watch(self, prefix: str) -> Iterator[Watch]:
@@ -126,15 +178,9 @@ class RedisStore(Store):
         # wait): reconnecting at every wait would add a connect per node to each publish. A
         # wait's channel is left at the start of the next wait, so that nothing but the
         # message lies between a wake-up and the caller.
-        pubsub = self._take_subscriber()
         channel = self._key(prefix).rstrip("/")
+        pubsub = self._subscribed(channel)
         try:
-            left = getattr(pubsub, "coordinator_channel", None)
-            if left is not None and left != channel:
-                self._run("UNSUBSCRIBE", pubsub.unsubscribe, left)
-            pubsub.coordinator_channel = None
-            self._run("SUBSCRIBE", pubsub.subscribe, channel)
-            pubsub.coordinator_channel = channel
             yield _RedisWatch(self, pubsub, channel)
         except BaseException:
             with contextlib.suppress(*self._redis_errors):
@@ -142,6 +188,33 @@ class RedisStore(Store):
             raise
         with self._subscribers_lock:
             self._subscribers.append(pubsub)
+
+    def _subscribed(self, channel: str) -> Any:
+        """A subscriber connection on ``channel``: a kept one, else a new one. A kept one that
+        fails (its server restarted since) is closed with every other kept one, and a new
+        one is tried."""
+        while True:
+            with self._subscribers_lock:
+                pubsub = self._subscribers.pop() if self._subscribers else None
+            kept = pubsub is not None
+            if not kept:
+                pubsub = self._take_subscriber()
+            try:
+                left = getattr(pubsub, "coordinator_channel", None)
+                if left is not None and left != channel:
+                    self._run("UNSUBSCRIBE", pubsub.unsubscribe, left)
+                pubsub.coordinator_channel = None
+                self._run("SUBSCRIBE", pubsub.subscribe, channel)
+                pubsub.coordinator_channel = channel
+                return pubsub
+            except StoreError:
+                with self._subscribers_lock:
+                    stale, self._subscribers = [pubsub, *self._subscribers], []
+                for each in stale:
+                    with contextlib.suppress(*self._redis_errors):
+                        each.close()
+                if not kept:
+                    raise
 
     def _take_subscriber(self) -> Any:
         with self._subscribers_lock:
@@ -174,7 +247,11 @@ class RedisStore(Store):
 
 class _RedisWatch(Watch):
     """Signals arrive as messages on the prefix's channel; a key is read from the store
-    only until the first one that does not exist yet (later ones come as messages)."""
+    only until the first one that does not exist yet (later ones come as messages).
+
+    Signal slots are numbered: a wait for slot ``n`` also ends with a message of a later
+    slot (the claimant's beat counter can run ahead of what the waiter read when the
+    store refused to keep it, at ``maxmemory``; the signals still come as messages)."""
 
     blocking = True
 
@@ -189,6 +266,9 @@ class _RedisWatch(Watch):
         name = key.rpartition("/")[2]
         if name in self.seen:
             return self.seen[name]
+        later = self._later(name)
+        if later is not None:
+            return later
         if not self.live:
             value = self.store.get(key)
             if value is not None:
@@ -205,5 +285,12 @@ class _RedisWatch(Watch):
                 continue
             got, value = msgpack.unpackb(message["data"])
             self.seen[got] = value
-            if got == name:
+            if got == name or self._later(name) is not None:
                 return value
+
+    def _later(self, name: str) -> bytes | None:
+        """The signal of the first slot after ``name`` that came as a message, if any."""
+        if not name.isdigit():
+            return None
+        later = [int(got) for got in self.seen if got.isdigit() and int(got) > int(name)]
+        return self.seen[str(min(later))] if later else None
