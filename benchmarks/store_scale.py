@@ -167,10 +167,10 @@ def recording_store(inner, counter: Counting):
             return value
 
     class Recording(TimedStore):
-        def signal(self, key: str, value: bytes) -> None:
+        def signal(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
             if value not in (BEAT, MOVED):
                 counter.end_signal_at = time.time()
-            super().signal(key, value)
+            super().signal(key, value, ttl=ttl)
 
         @contextlib.contextmanager
         def watch(self, prefix: str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 import torch._functorch.config as functorch_config
@@ -38,6 +39,7 @@ def test_hooks_are_installed_and_restored(tmp_path):
         cache.put("somekey", {"data": "eA==", "time_taken_ms": 1234})
         assert cache.get("somekey") == {"data": "eA==", "time_taken_ms": 1234}
         assert cache.get("missing") is None
+        assert session.flight().drain(timedelta(seconds=30))  # published behind the compile
         assert session.stats.as_dict()["by_cache"]["fx_graph"]["published"] == 1
         # Every store call went through the session's timing: the put, the hit, the miss.
         assert session.stats.as_dict()["store_calls"] >= 3 and session.stats.as_dict()["store_s"] > 0
@@ -66,6 +68,7 @@ def test_a_nested_compile_once_with_the_same_settings_joins_the_active_one(tmp_p
         assert api.active_session() is outer and snapshot() != before
         assert remote_cache.RemoteFxGraphCache.backend_override_cls.__name__ == "CoordinatorFxGraphBackend"
         remote_cache.RemoteFxGraphCache("fx-graph-v1").put("k", {"data": "eA==", "time_taken_ms": 5})
+        assert outer.flight().drain(timedelta(seconds=30))  # published behind the compile
         assert coordinator.stats()["by_cache"]["fx_graph"]["published"] == 1
         with pytest.raises(ConfigError) as refused:
             with coordinator.compile_once(lease=3, namespace="team", secret="s3cret"):

@@ -83,10 +83,11 @@ def test_bundle_messages_name_the_store_by_its_url_with_no_password(tmp_path, ca
 def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path):
     """``coordinator bundle ls URL | head``: the reader is gone before the command writes."""
     store = tmp_path / "store"
+    blob = build_bundle({"megacache": b"x"}, compile_time_s=1.0)
     for i in range(2000):  # more than a pipe's buffer of lines
         path = store / "bundles" / "env" / "secret" / "ns" / f"bundle-{i:05d}"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"x")
+        path.write_bytes(blob)
     proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "bundle", "ls", f"file://{store}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ))
     proc.stdout.close()

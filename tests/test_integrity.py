@@ -79,7 +79,8 @@ class Exploding:
 
 
 def _session(url: str, secret: str | None = None) -> Session:
-    return Session(Config(store=url, secret=secret))
+    # Published inline: these tests read and tamper with the store's copy right after a put.
+    return Session(Config(store=url, secret=secret, publish_queue_mb=0))
 
 
 @pytest.mark.parametrize("attack", ["tampered", "truncated", "wrong-secret", "unsigned", "tampered-node-copy"])

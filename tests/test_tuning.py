@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import threading
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -114,6 +115,7 @@ def tuning(tmp_path, monkeypatch):
     def published(name: str) -> dict | None:
         from coordinator.protocol.integrity import open_sealed
 
+        assert leader.flight().drain(timedelta(seconds=30))  # published behind the tuning
         blob = store.get(f"v/{leader.store_key('autotune', name)}")
         return None if blob is None else open_sealed(leader.store_key("autotune", name), blob)
 
@@ -329,6 +331,7 @@ def test_a_kernel_is_tuned_once_and_the_next_rank_runs_its_config(tmp_path, monk
         assert searched == ["triton_poi_fused_0"] and not session.flight().holds_claims()
         from coordinator.protocol.integrity import open_sealed
 
+        assert session.flight().drain(timedelta(seconds=30))  # published behind the tuning
         best = json.loads(open_sealed(key, session.flight().store.get(f"v/{key}")).payload)
         assert best["XBLOCK"] == 128 and best["num_warps"] == 4
 
@@ -349,6 +352,7 @@ def test_a_kernel_is_tuned_once_and_the_next_rank_runs_its_config(tmp_path, monk
         assert _compat.kernel_autotune_cache(static).remote_cache is not None
         assert not session.flight().holds_claims()  # a read at load, not a claim
         th.CachingAutotuner.autotune_to_one_config(static)
+        assert session.flight().drain(timedelta(seconds=30))
         assert session.flight().store.get(f"v/{static.store_key(session)}") is not None
 
 
@@ -395,6 +399,7 @@ def test_a_config_found_in_this_ranks_cache_is_shared_under_the_key_a_loader_loo
         assert alias_key != first.store_key(leader)
         from coordinator.protocol.integrity import open_sealed
 
+        assert leader.flight().drain(timedelta(seconds=30))
         blob = leader.flight().store.get(f"v/{alias_key}")
         assert blob is not None  # published under the key of the one-config list too
         shared = json.loads(open_sealed(alias_key, blob).payload)
