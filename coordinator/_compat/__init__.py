@@ -175,6 +175,7 @@ from coordinator._compat.split_graphs import (
     cached_split_graphs,
     split_graphs_unsupported,
 )
+from coordinator._compat.split_tuning import Selection, gpu_identity, split_selections, split_tuning_unsupported
 from coordinator._compat.structured_trace import current_compile_id, emit_structured, structured_trace_on
 from coordinator._compat.triton_driver import warm_driver_utilities
 from coordinator._compat.triton_tuning import (
@@ -241,6 +242,10 @@ __all__ = [
     "precompiled_functions",
     "process_compile_seconds",
     "precompile_choices_in_process",
+    "Selection",
+    "gpu_identity",
+    "split_selections",
+    "split_tuning_unsupported",
     "rank_reads",
     "remote_cache_backend_base",
     "routable_kinds",
