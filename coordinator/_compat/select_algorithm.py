@@ -13,6 +13,7 @@ precompiles to the threads instead, whose kernels the timing then uses.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ def precompile_choices_in_process() -> Iterator[None]:
         return
     use_pool = original_use_pool.__func__
 
+    @functools.wraps(original_make)
     def make_precompile_fn(self, *args, **kwargs):
         depth = getattr(_precompiling, "depth", 0)
         _precompiling.depth = depth + 1

@@ -17,6 +17,7 @@ from coordinator.features.precompiled import PrecompiledFunctions
 from coordinator.features.rank_dependence import RankDependence
 from coordinator.features.split_graphs import SplitGraphs
 from coordinator.features.split_shares import SplitShares
+from coordinator.features.split_tuning import SplitTuning
 from coordinator.features.tuning_steps import TuningSteps
 
 #: Every compile feature, in the order a session asks them (the persistent layer first: it
@@ -31,6 +32,7 @@ FEATURES: list[type[Feature]] = [
     LocalHits,
     PrecompiledFunctions,
     CompileChoicesOnce,
+    SplitTuning,
 ]
 
 __all__ = ["FEATURES", "Context", "Feature"]

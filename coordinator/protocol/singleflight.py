@@ -327,15 +327,17 @@ class Singleflight:
 
     def _claim_or_wait(self, key: str, published: str, before_waiting: Callable[[], bool] | None = None,
                        rejected: bytes | None = None, what: str | None = None, *,
-                       may_claim: bool = True) -> LookupResult:
+                       may_claim: bool = True, may_wait: bool | None = None) -> LookupResult:
         """Claim ``key``, or wait while another process holds it until store key
         ``published`` appears (returning its value), the claim is abandoned or expires
         (then try to claim the next generation), or the deadline passes. With
         ``rejected``, that value of ``published`` counts as absent, and the claim is the
         key's redo claim for it. ``what`` goes into the claim's record (default:
         ``describe(key)``). Without ``may_claim`` (the store refuses writes), a key nobody
-        holds is ``nonblocking``: computed here, unclaimed."""
-        may_wait = self._may_wait()
+        holds is ``nonblocking``: computed here, unclaimed. ``may_wait`` overrides whether
+        this thread may wait (default: it holds no claim and runs without ``no_waits``)."""
+        if may_wait is None:
+            may_wait = self._may_wait()
         at = key if rejected is None else f"{key}/redo-{hashlib.sha256(rejected).hexdigest()[:16]}"
         if what is None:
             what = self._describe(key) if self._describe is not None else ""
@@ -369,6 +371,50 @@ class Singleflight:
                 gen += 1
                 continue
             return LookupResult(value, outcome, time.monotonic() - started)
+
+    def claim_or_follow(self, key: str, *, what: str | None = None) -> LookupResult:
+        """:meth:`lookup` of a key whose holders wait on nothing while they hold it (a share
+        of a GEMM selection: ``coordinator.features.split_tuning``): claim it, or wait while
+        another process holds it, taking it over when its lease lapses, even though this
+        process holds other claims or runs with :meth:`no_waits`. The caller must hold no
+        claim of such a key meanwhile: a rank that waits here then waits on a rank that
+        waits on nobody, so no cycle forms (``docs/design.md``).
+
+        Outcomes: ``hit``/``waited`` with the value, ``claimed`` (first, or after a lapsed
+        lease), ``abandoned``, ``deadline``, ``nonblocking`` (the store refuses writes and
+        nobody holds it), ``unavailable``.
+        """
+        if not self.available:
+            return LookupResult(None, Outcome.UNAVAILABLE)
+        try:
+            value = self._waiter.published(f"v/{key}", None)
+            if value is not None:
+                result = LookupResult(value, Outcome.HIT)
+            else:
+                result = self._claim_or_wait(key, f"v/{key}", what=what, may_claim=self.health.writable(),
+                                             may_wait=True)
+        except StoreError as exc:
+            self._failed(exc)
+            return LookupResult(None, Outcome.UNAVAILABLE)
+        self.health.answered()
+        return result
+
+    def settle(self, key: str, value: bytes) -> bytes | None:
+        """Write ``key``'s value once: the first value any process settles stands, later
+        ones are dropped. Returns the value that stands (``None``: the store failed). A
+        claim on ``key`` is then ended with :meth:`publish` of that value."""
+        if not self.available:
+            return None
+        try:
+            if self.store.add_if_absent(f"v/{key}", value):
+                standing = value
+            else:
+                standing = self.store.get(f"v/{key}")
+        except StoreError as exc:
+            self._failed(exc)
+            return None
+        self.health.answered()
+        return standing
 
     def _work_first(self, work: Callable[[], bool], published: str, rejected: bytes | None) -> bytes | None:
         """Run ``work`` until it has nothing left or store key ``published`` appears."""
