@@ -325,6 +325,7 @@ def test_a_failing_persistent_layer_is_logged_once_and_the_rank_compiles(failure
     assert expected in warnings[0], warnings
     assert stats["persistent"]["failed"] and stats["graphs_compiled"] >= 1
     # The bundle commands say the same, and exit 1.
+    capsys.readouterr()  # what the compile printed (torch's own warnings on some builds)
     assert main(["bundle", "ls", url]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"coordinator: {url}: ") and expected in err, err
