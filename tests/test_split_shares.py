@@ -31,6 +31,7 @@ def split_graphs(result) -> int:
     return sum(len(frame["hits"]) for frame in result.report["split_graphs"]["frames"])
 
 
+@pytest.mark.one_torch  # the next test passes through the same hooks, with two frames
 def test_the_ranks_compile_a_share_each_and_train_as_stock_does(job, tmp_path):
     # Static inputs tagged as on a GPU (Inductor's keys then read their storage offsets
     # and sizes, and a backward compiled at once tags forward outputs the next bucket reads).
