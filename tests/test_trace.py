@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import require_success, run_job
 
-from coordinator.observe.report import load_traces, write_report
+from coordinator.observe.report import load_traces, unmatched_waits, write_report
 from coordinator.protocol.node import file_lock
 
 
@@ -201,3 +201,15 @@ def test_report_on_a_node_local_job_warns_of_nothing_and_agrees_with_each_ranks_
         assert len(summary) <= 200, summary
         assert f"compiled {row.compiled}, received {row.received}, local {row.local_hits}, " in summary, summary
         assert f"; waits {row.waits} ({row.waited_s:.1f}s); saved {row.saved_s:.1f}s;" in summary, summary
+
+
+def test_a_wait_is_checked_against_the_rank_it_named():
+    """A wait names the rank whose claim it read; a value published before the waiter read
+    any claim names nobody, and there is nothing to check."""
+    def wait(owner, ended):
+        return {"name": "wait", "dur": 1e6, "args": {"key": "fx_graph/abc", "owner": owner, "ended": ended}}
+
+    compiled = {"name": "compile", "args": {"key": "fx_graph/abc"}}
+    assert unmatched_waits({0: [compiled], 1: [wait(0, "received"), wait(None, "received")]}) == []
+    warned = unmatched_waits({0: [], 1: [wait(0, "received")], 2: [wait(None, "deadline")]})
+    assert [w.split(" held by ")[1].split(",")[0] for w in warned] == ["rank 0", "rank None"], warned

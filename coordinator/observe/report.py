@@ -251,6 +251,8 @@ def unmatched_waits(traces: dict[int, list[dict]]) -> list[str]:
             if e["name"] != "wait" or e["args"].get("via") == "node lock":  # on a process of its node
                 continue
             key, owner = e["args"]["key"], e["args"].get("owner")
+            if owner is None and e["args"].get("ended") == "received":
+                continue  # published before the waiter read who held it: nobody to check
             if owner not in made or key not in made[owner]:
                 warnings.append(f"rank {rank} waited {e.get('dur', 0) / 1e6:.1f}s on {key} held by rank {owner}, "
                                 f"which has no compile or publish of it in the trace ({e['args'].get('ended')})")
