@@ -134,7 +134,7 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
 """
 
-from coordinator._compat.backward import DeferredBackward, SkipCompile, deferred_backwards, is_skip
+from coordinator._compat.backward import DeferredBackward, SkipCompile, deferred_backwards, is_restart, is_skip
 from coordinator._compat.caches import (
     CACHE_KINDS,
     NO_REDIS_URL,
@@ -242,6 +242,7 @@ __all__ = [
     "hit_saves_compile",
     "inductor_cache_dir",
     "inductor_counters",
+    "is_restart",
     "is_skip",
     "kernel_autotune_cache",
     "load_cache_artifacts",

@@ -41,6 +41,24 @@ class SkipCompile(Exception):
     or is compiling it. Never escapes :meth:`DeferredBackward.compile`."""
 
 
+def is_restart(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is, or wraps, Dynamo's signal to trace the frame again
+    (``RestartAnalysis``, e.g. AOTAutograd's ``TensorifyScalarRestartAnalysis``, which
+    Dynamo's backend wrappers let through so the frame is traced again with a Python
+    float specialized)."""
+    try:
+        from torch._dynamo.exc import RestartAnalysis
+    except ImportError:
+        return False
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, RestartAnalysis):
+            return True
+        exc = exc.__cause__ or exc.__context__ or getattr(exc, "inner_exception", None)
+        seen += 1
+    return False
+
+
 def is_skip(exc: BaseException | None) -> bool:
     """Whether ``exc`` is, or wraps (Inductor and Dynamo re-raise compile errors wrapped),
     a :class:`SkipCompile`."""

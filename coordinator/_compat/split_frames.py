@@ -92,6 +92,18 @@ class SplitFrame:
             digest.update(_describe(value).encode())
         return digest.hexdigest()[:40]
 
+    def has_symbolic_floats(self) -> bool:
+        """Whether a submodule computes with a symbolic Python float: AOTAutograd's
+        ``tensorify_python_scalars`` pass may then ask Dynamo to trace the frame again
+        (``TensorifyScalarRestartAnalysis``), and whatever was compiled of it is never used."""
+        torch = self._torch
+        for module in self.submodules:
+            for node in module.graph.nodes:
+                value = node.meta.get("val", node.meta.get("example_value"))
+                if isinstance(value, torch.SymFloat):
+                    return True
+        return False
+
     def costs(self) -> list[int]:
         """Each submodule's operator count: what its compile costs, roughly."""
         return [sum(1 for node in mod.graph.nodes if node.op in ("call_function", "call_method", "call_module"))

@@ -237,6 +237,11 @@ class SplitShares(Feature):
         rank, world = job_ranks()
         if flight is None or world < 2:
             return
+        if frame.has_symbolic_floats():
+            # Its chain may make Dynamo trace it again (specializing the float): shares
+            # compiled before that would be thrown away. The chain compiles it, as stock.
+            log.debug("compile_once: a split frame computes with a symbolic float; no shares for it")
+            return
         started = time.monotonic()
         try:
             slots = self._slot_keys(frame)
@@ -244,7 +249,11 @@ class SplitShares(Feature):
             mine = [index for index, owner in enumerate(owners) if owner == rank]
             for index in self._claim(flight, [slots[i][0] for i in mine], mine, len(frame)):
                 self._compile(flight, frame, index, *slots[index])
-        except Exception:  # never fail the frame over a share: the chain compiles it all
+        except Exception as exc:  # never fail the frame over a share: the chain compiles it all
+            if _compat.is_restart(exc):
+                flight.abandon_all()
+                log.debug("compile_once: a share asked Dynamo to trace its frame again (%s)", type(exc).__name__)
+                raise
             log.warning("compile_once: compiling this rank's share of a split frame failed", exc_info=True)
             flight.abandon_all()
         finally:
@@ -288,6 +297,11 @@ class SplitShares(Feature):
                 saved = frame.compile(index)
             outcome = "compiled" if saved else "skipped"
         except Exception as exc:
+            if _compat.is_restart(exc):
+                # Dynamo traces the frame again (as the chain's compile of this submodule
+                # would have made it): the slot ends, and so does this frame's chain.
+                flight.abandon(slot)
+                raise
             if _compat.is_skip(exc):
                 outcome = "skipped"
             else:
