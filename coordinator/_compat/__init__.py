@@ -76,14 +76,15 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``best_config_future``, ``is_collective`` where present), ``ChoiceCaller.hash_key``,
   ``NoValidChoicesError``, ``use_pipelined_autotuning``; the signatures are checked when it is
   installed and a torch whose functions differ keeps Inductor's path (debug line). Read from
-  2.13.0's source, ran on 2.13.0 (CPU tests, with the CPU's ``CPP,ATEN`` choices); not yet
-  run on 2.11.0. ``gpu_identity``: ``torch.cuda`` device count, current device and UUID.
+  2.13.0's source, ran on 2.13.0 and 2.14.1 (CPU tests, with the CPU's ``CPP,ATEN``
+  choices); not yet run on 2.11.0. ``gpu_identity``: ``torch.cuda`` device count, current device and UUID.
 * ``backward``: AOTAutograd's deferred backward compiles, run early by a rank that
   waits (``deferred_backwards``): ``graph_compile._aot_stage2b_bw_compile``, the fields of
   ``AutogradLazyBackwardCompileInfo``, ``TracingContext.fw_metadata``/``output_strides``,
   ``logging_utils.graph_being_compiled``. Read from 2.11.0's, 2.13.0's and 2.14.1's
   sources; ran on 2.13.0 and 2.14.1 (CPU tests) and on 2.11.0 on an H100 (the max-autotune
-  benchmark, the GPU tier).
+  benchmark, the GPU tier). ``is_restart``: ``torch._dynamo.exc.RestartAnalysis`` (AOTAutograd
+  raises its subclass ``TensorifyScalarRestartAnalysis``); ran on 2.13.0 and 2.14.1.
 * ``split_graphs`` (with ``fake_outputs``, which describes and rebuilds fake tensors):
   AOTAutograd's cache for DDPOptimizer's split graphs (``cached_split_graphs``;
   ``SPLIT_GRAPH_VERSIONS``, ``CHECKED_ON["split_graphs"]``, lists where it is on):
@@ -100,7 +101,9 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   each, and the shape environment's put-back. Read from the sources of 2.11.0, 2.13.0 and
   2.14.1; the tests (``tests/test_split_shares.py``) ran on 2.13.0 and 2.14.1 on CPU (both CI
   legs), on 2.11.0 on CPU before the put-back (its own test ran there too); on 2.11.0 on 4
-  H100s over NCCL (the N=4 cold-start benchmark).
+  H100s over NCCL (the N=4 cold-start benchmark). ``SplitFrame.has_symbolic_floats`` reads
+  each submodule node's ``meta["val"]``/``["example_value"]``; ran on 2.13.0 and 2.14.1
+  (``tests/test_models.py``, Llama dynamic on 3 ranks), not yet on 2.11.0.
 * ``precompile``: Dynamo's precompiled functions (``precompiled_functions``,
   ``complete_package``; ``PRECOMPILE_VERSIONS``, ``CHECKED_ON["precompile"]``, lists where it is
   offered):
