@@ -203,8 +203,9 @@ class RankResult:
 
 def run_job(workdir: Path, world_size: int, options: dict, *, env: dict | None = None, name: str = "job",
             timeout: float = 240, rank_options: dict[int, dict] | None = None,
-            cache_dirs: dict[int, Path] | None = None) -> list[RankResult]:
-    """Start ``world_size`` worker processes as torchrun would and collect their reports.
+            cache_dirs: dict[int, Path] | None = None, worker: Path | None = None) -> list[RankResult]:
+    """Start ``world_size`` worker processes (``worker``: tests/worker.py unless given) as
+    torchrun would and collect their reports.
 
     Each rank gets its own empty Inductor cache dir (or the one ``cache_dirs`` names)
     and temp dir, like ranks on separate nodes. ``rank_options`` adds options per rank.
@@ -229,7 +230,7 @@ def run_job(workdir: Path, world_size: int, options: dict, *, env: dict | None =
         rank_env.update(env or {})
         log = open(rankdir / "log", "w")
         procs.append((rank, rankdir, log, subprocess.Popen(
-            [sys.executable, str(WORKER), json.dumps(this_rank_options)], env=rank_env, stdout=log,
+            [sys.executable, str(worker or WORKER), json.dumps(this_rank_options)], env=rank_env, stdout=log,
             stderr=subprocess.STDOUT,
         )))
     results = []

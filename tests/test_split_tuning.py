@@ -14,58 +14,26 @@ claims, takeover and merge, with more choices and without compiling.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import machine_env
+from conftest import run_job
 
 from coordinator import Config
 from coordinator.features.split_tuning import split
-from coordinator.testing import free_port
 
 WORKER = Path(__file__).with_name("split_tuning_worker.py")
-#: The checkout under test, first on the ranks' path (ahead of any installed copy).
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(tmp_path: Path, world: int, options: dict, rank_options: dict[int, dict] | None = None,
         timeout: float = 120) -> list[tuple[int, str, dict | None]]:
     """Start ``world`` ranks on one node; each rank's (exit code, log, report)."""
-    port = free_port()
     markers = tmp_path / "markers"
     markers.mkdir()
-    procs = []
-    for rank in range(world):
-        rankdir = tmp_path / f"rank{rank}"
-        (rankdir / "tmp").mkdir(parents=True)
-        opts = dict(options, **(rank_options or {}).get(rank, {}), markers=str(markers),
-                    out=str(rankdir / "report.json"))
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   TORCHINDUCTOR_CACHE_DIR=str(rankdir / "inductor"), TORCHINDUCTOR_COMPILE_THREADS="1",
-                   PYTHONUNBUFFERED="1", **machine_env(rankdir / "tmp"),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-        log = open(rankdir / "log", "w")
-        procs.append((rankdir, log, subprocess.Popen([sys.executable, str(WORKER), json.dumps(opts)], env=env,
-                                                     stdout=log, stderr=subprocess.STDOUT)))
-    results = []
-    deadline = time.monotonic() + timeout
-    for rankdir, log, proc in procs:
-        try:
-            proc.wait(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        report = rankdir / "report.json"
-        results.append((proc.returncode, (rankdir / "log").read_text(),
-                        json.loads(report.read_text()) if report.exists() else None))
-    return results
+    results = run_job(tmp_path, world, dict(options, markers=str(markers)), rank_options=rank_options,
+                      timeout=timeout, worker=WORKER)
+    return [(r.returncode, r.log, r.report) for r in results]
 
 
 def succeeded(results) -> list[dict]:
