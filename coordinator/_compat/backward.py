@@ -41,6 +41,18 @@ class SkipCompile(Exception):
     or is compiling it. Never escapes :meth:`DeferredBackward.compile`."""
 
 
+def _raised(exc: BaseException | None, kind: type[BaseException]) -> bool:
+    """Whether ``exc`` is, or wraps (Inductor and Dynamo re-raise compile errors wrapped),
+    a ``kind``."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, kind):
+            return True
+        exc = exc.__cause__ or exc.__context__ or getattr(exc, "inner_exception", None)
+        seen += 1
+    return False
+
+
 def is_restart(exc: BaseException | None) -> bool:
     """Whether ``exc`` is, or wraps, Dynamo's signal to trace the frame again
     (``RestartAnalysis``, e.g. AOTAutograd's ``TensorifyScalarRestartAnalysis``, which
@@ -50,25 +62,12 @@ def is_restart(exc: BaseException | None) -> bool:
         from torch._dynamo.exc import RestartAnalysis
     except ImportError:
         return False
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, RestartAnalysis):
-            return True
-        exc = exc.__cause__ or exc.__context__ or getattr(exc, "inner_exception", None)
-        seen += 1
-    return False
+    return _raised(exc, RestartAnalysis)
 
 
 def is_skip(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is, or wraps (Inductor and Dynamo re-raise compile errors wrapped),
-    a :class:`SkipCompile`."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, SkipCompile):
-            return True
-        exc = exc.__cause__ or exc.__context__ or getattr(exc, "inner_exception", None)
-        seen += 1
-    return False
+    """Whether ``exc`` is, or wraps, a :class:`SkipCompile`."""
+    return _raised(exc, SkipCompile)
 
 
 class DeferredBackward:
