@@ -12,6 +12,8 @@ Models are built from HuggingFace ``transformers`` configs (random init, no down
 * ``phi3``: ``Phi3ForCausalLM`` under DDP: its attention splits one fused q/k/v projection
   into q, k and v (and its MLP one fused gate/up projection), so the graphs DDPOptimizer
   splits out return slices of a larger buffer;
+* ``gpt2``: ``GPT2LMHeadModel`` under DDP (dropout on): one fused q/k/v projection (a
+  ``Conv1D``) split into q, k and v, and the output head tied to the embeddings;
 * ``bert``: ``BertForMaskedLM`` under DDP (dropout on);
 * ``convnext``: ``ConvNextForImageClassification`` under DDP;
 * ``qwen-fsdp``: ``Qwen2ForCausalLM`` under FSDP2, ``fully_shard`` and ``compile`` per decoder
@@ -38,7 +40,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-MODELS = ("llama", "llama-dynamic", "llama-solo", "phi3", "bert", "convnext", "qwen-fsdp")
+MODELS = ("llama", "llama-dynamic", "llama-solo", "phi3", "gpt2", "bert", "convnext", "qwen-fsdp")
 #: Model sizes: "bench" for benchmarks/model_suite.py, "tiny" for the tests.
 SIZES = {
     "bench": {"hidden": 128, "layers": 2, "heads": 4, "vocab": 512, "batch": 4, "seq": (32, 48), "image": 64},
@@ -71,6 +73,10 @@ def build(name: str, size: dict) -> torch.nn.Module:
                                max_position_embeddings=max(256, *size["seq"]),
                                pad_token_id=0, bos_token_id=1, eos_token_id=2)
         return tf.Phi3ForCausalLM(config)
+    if name == "gpt2":
+        config = tf.GPT2Config(vocab_size=size["vocab"], n_embd=h, n_layer=layers, n_head=heads,
+                               n_inner=size.get("intermediate"), n_positions=max(256, *size["seq"]))
+        return tf.GPT2LMHeadModel(config)
     if name == "qwen-fsdp":
         config = tf.Qwen2Config(vocab_size=size["vocab"], hidden_size=h, intermediate_size=2 * h,
                                 num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
@@ -125,6 +131,8 @@ def main() -> None:
     p.add_argument("--size", choices=tuple(SIZES), default="bench")
     p.add_argument("--steps", type=int, default=2, help="steps at the first shape; then one at the second")
     p.add_argument("--json", required=True)
+    p.add_argument("--bucket-mb", type=float, default=None,
+                   help="DDP's bucket size in MB (default: DDP's own, 25): smaller buckets, more split graphs")
     p.add_argument("--cache-per-rank", action="store_true",
                    help="each rank its own empty Inductor cache dir, as ranks on separate nodes have")
     p.add_argument("--profile", default=None, metavar="PREFIX",
@@ -168,7 +176,8 @@ def main() -> None:
     else:
         # Compile the module, then wrap it (on torch 2.13 Dynamo skips DDP's own forward).
         compiled = torch.compile(model, dynamic=True if args.model == "llama-dynamic" else None)
-        runner = compiled if args.model == "llama-solo" else torch.nn.parallel.DistributedDataParallel(compiled)
+        runner = compiled if args.model == "llama-solo" else torch.nn.parallel.DistributedDataParallel(
+            compiled, **({"bucket_cap_mb": args.bucket_mb} if args.bucket_mb else {}))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     shapes = [0] * args.steps + [1]
@@ -189,7 +198,7 @@ def main() -> None:
 
     import resource
 
-    from torch._dynamo.utils import calculate_time_spent, compilation_time_metrics, counters
+    from torch._dynamo.utils import calculate_time_spent, compilation_time_metrics, counters, get_compilation_metrics
 
     usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
 
@@ -209,6 +218,11 @@ def main() -> None:
         "compile_s": calculate_time_spent(),
         "phases_s": {phase: sum(times) for phase, times in compilation_time_metrics.items()},
         "module_loads_s": sum(module_loads),
+        # Each compile Dynamo recorded: a frame's (Dynamo, then its backend: for a split frame,
+        # DDPOptimizer's chain, with the coordinator's shares) or a lazily compiled backward's.
+        "compiles": [{"id": str(m.compile_id), "forward": m.is_forward is not False,
+                      "start": (m.start_time_us or 0) / 1e6, "end": (m.end_time_us or 0) / 1e6,
+                      "backend_s": m.backend_compile_time_s} for m in get_compilation_metrics()],
         "stats": coordinator.stats() if coordinator is not None else None,
         # CPU seconds of this process and the compilers it ran (its compile workers' own
         # children are not counted).

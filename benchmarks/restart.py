@@ -60,7 +60,7 @@ JOBS = ("stock cold", "ours cold", "stock restart", "ours restart")
 
 
 def run_job(name: str, model: str, n: int, dirs: dict[str, Path], args: argparse.Namespace,
-            profile: str | None = None, persist: dict[str, str] | None = None) -> dict:
+            profile: str | None = None, persist: dict[str, str] | None = None, env: dict | None = None) -> dict:
     ours = name.startswith("ours")
     cache = dirs[name] if name != "stock restart" else dirs["stock cold"]
     out = dirs["work"] / f"{name.replace(' ', '-')}-{model}-n{n}.json"
@@ -71,7 +71,7 @@ def run_job(name: str, model: str, n: int, dirs: dict[str, Path], args: argparse
         cmd += ["--profile", profile]
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton"),
                TMPDIR=str(dirs["work"]), SUITE_LAUNCHED=repr(time.time()),
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
     if ours:
         env["COORDINATOR_STORE"] = f"file://{dirs['store']}"
         if args.precompile:
