@@ -109,6 +109,13 @@ def test_a_recompile_shares_every_graph_of_a_model_with_rotary_like_tables(job, 
     report = write_report(trace, picture=False)
     assert [(f.frame, f.graphs, f.compiled, f.served, f.missed) for f in report.frames] == \
         [(n, size, size, 2 * size, 0) for n, size in enumerate(sizes)], report.frame_table()
+    # The price of each frame: every rank spent seconds on its share and on its chain,
+    # and the report sums what the ranks counted.
+    for n, row in enumerate(report.frames):
+        counted = [shares(r)["frames"][n] for r in ours]
+        assert all(f["compile_id"] and f["share_s"] > 0 and f["chain_s"] > 0 for f in counted), counted
+        assert row.shares_s == pytest.approx(sum(f["share_s"] for f in counted), abs=0.01)
+        assert row.chains_s == pytest.approx(sum(f["chain_s"] for f in counted), abs=0.01)
 
 
 def test_an_input_the_propagation_gets_wrong_is_a_miss_compiled_in_the_chain(job, tmp_path):
@@ -161,11 +168,16 @@ def test_a_shape_environment_put_back_equals_the_one_saved():
                                   hint=hint) for name, hint in (("a", 8), ("b", 6)))
     assert a > 2
     before = copy.deepcopy(env)
+    evaluate = ShapeEnv._inner_evaluate_expr
+    cached = evaluate.cache_info().currsize  # the answer to a > 2, which added its guard
     state = ShapeEnvState(env)
     assert a % 4 == 0 and b == 6 and a * b > 10 and a < 100
     assert env.replacements and env.divisible and len(env.guards) > len(before.guards)
+    assert ShapeEnv._inner_evaluate_expr is not evaluate  # answered from a cache of its own
     state.restore()
     env.check_equal(before)
+    # The answers cached before the save are cached still; none from in between.
+    assert ShapeEnv._inner_evaluate_expr is evaluate and evaluate.cache_info().currsize == cached >= 1
     assert not env.replacements and not env.divisible and len(env.guards) == 1
     assert a % 4 == 0  # asked again: a guard again, not an answer cached from before
     assert len(env.guards) == 2 and env.divisible

@@ -22,8 +22,8 @@ guard that a later submodule's compile adds, such as a divisibility, changes how
 earlier one's symbolic sizes print): the propagation runs with guards suppressed and the
 fake-tensor cache off (a cached result would skip a guard the chain must add), and the
 shape environment is put back, field for field, after each out-of-order compile
-(:class:`ShapeEnvState`), and what its methods cached is cleared (a cached evaluation
-would skip adding a guard that is gone). The chain then adds each guard itself,
+(:class:`ShapeEnvState`), which answers from caches of its own meanwhile (an evaluation
+cached during it would skip adding a guard that is gone). The chain then adds each guard itself,
 when it compiles a submodule or loads its entry, in its own order, as without shares.
 
 Private names: ``_dynamo.backends.distributed.SubmodCompiler`` (``run``,
@@ -48,6 +48,7 @@ import contextlib
 import copy
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
@@ -103,6 +104,31 @@ class SplitFrame:
                 if isinstance(value, torch.SymFloat):
                     return True
         return False
+
+    def kinds(self) -> list[str]:
+        """A digest of each submodule that is the same for submodules that compile to the
+        same graphs: its operations in order, with the names of its inputs and attributes
+        left out (identical layers differ only in those), and the sizes, strides, dtypes and
+        requires_grad of the values Dynamo recorded for its inputs. Submodules of one kind
+        make the same FX graphs, which Inductor compiles once and then finds in its cache."""
+        torch = self._torch
+        kinds = []
+        for module in self.submodules:
+            position: dict[Any, int] = {}
+            digest = hashlib.sha256()
+            for node in module.graph.nodes:
+                position[node] = len(position)
+                if node.op == "placeholder":
+                    described = _describe(node.meta.get("example_value"))
+                elif node.op == "get_attr":
+                    value = getattr(module, str(node.target), None)
+                    described = _describe(value) if isinstance(value, torch.Tensor) else ""
+                else:
+                    described = _target_name(node.target)
+                args = torch.fx.node.map_arg((node.args, node.kwargs), lambda arg, seen=position: f"%{seen[arg]}")
+                digest.update(f"{node.op}|{described}|{args}\n".encode())
+            kinds.append(digest.hexdigest()[:16])
+        return kinds
 
     def costs(self) -> list[int]:
         """Each submodule's operator count: what its compile costs, roughly."""
@@ -234,16 +260,35 @@ def _copy_submodule(original: Any) -> Any:
 class ShapeEnvState:
     """A shape environment's state, put back later: every attribute, containers copied two
     levels deep (dicts of lists, as of deferred runtime asserts) and the small records they
-    hold (value ranges' source locations, which are updated in place)."""
+    hold (value ranges' source locations, which are updated in place); and what its methods
+    cache, kept aside meanwhile.
+
+    A shape environment's methods cache their answers on the class, on their arguments;
+    some add a guard or a replacement as they answer, so an answer cached while the state
+    is later put back would skip a guard that is gone. From the save until
+    :meth:`restore`, each cached method answers from an empty cache of its own, thrown away
+    then: the caches of before come back, holding nothing from in between. The version
+    counter moves on at the restore, so the caches kept on it start again."""
 
     def __init__(self, shape_env: Any) -> None:
         self.shape_env = shape_env
         self._saved = {name: _copied(value) for name, value in vars(shape_env).items()}
+        self._cached: list[tuple[type, str, Any]] = []
+        self._cleared: list[Any] = []  # cached methods that cannot be given a cache of their own
+        for klass in type(shape_env).__mro__:
+            for name, attribute in list(vars(klass).items()):
+                if not callable(getattr(attribute, "cache_clear", None)):
+                    continue
+                fresh = _fresh_cache(attribute)
+                if fresh is None:
+                    self._cleared.append(attribute)
+                else:
+                    self._cached.append((klass, name, attribute))
+                    setattr(klass, name, fresh)
 
     def restore(self) -> None:
-        """Put every attribute back as saved (attributes added since are dropped), and
-        clear what its methods cached (the version-keyed caches, and those of every shape
-        environment's methods cached on their arguments: others only compute again)."""
+        """Put every attribute back as saved (attributes added since are dropped), and the
+        methods' caches as they were at the save."""
         state = vars(self.shape_env)
         version = state.get("_version_counter", 0)
         for name in [name for name in state if name not in self._saved]:
@@ -253,12 +298,29 @@ class ShapeEnvState:
         if "_version_counter" in state:
             state["_version_counter"] = version + 1
             state["_prev_cache_key"] = self.shape_env._get_key()
-        # Methods cached on their arguments, such as the one that evaluates an expression
-        # and adds its guard: a cached answer would skip a guard that is gone.
-        for klass in type(self.shape_env).__mro__:
-            for attribute in vars(klass).values():
-                if callable(getattr(attribute, "cache_clear", None)):
-                    attribute.cache_clear()
+        for klass, name, attribute in self._cached:
+            setattr(klass, name, attribute)
+        self._cached = []
+        for attribute in self._cleared:
+            attribute.cache_clear()
+
+
+def _fresh_cache(attribute: Any) -> Any:
+    """An empty cache around what cached method ``attribute`` caches (a
+    ``functools.lru_cache``, or the shape environment's ``_lru_cache``, kept on its version
+    counter), or ``None`` for another kind (a decorator around a cache)."""
+    import functools
+
+    from torch.fx.experimental import symbolic_shapes
+
+    wrapped = getattr(attribute, "__wrapped__", None)
+    if wrapped is None or isinstance(wrapped, functools._lru_cache_wrapper):
+        return None
+    if isinstance(attribute, functools._lru_cache_wrapper):
+        return functools.lru_cache(attribute.cache_parameters()["maxsize"])(wrapped)
+    if callable(getattr(attribute, "cache_info", None)):
+        return symbolic_shapes._lru_cache(wrapped, attribute.cache_info().maxsize)
+    return None
 
 
 def _copied(value: Any, depth: int = 2) -> Any:
@@ -310,6 +372,13 @@ def _describe(value: Any) -> str:
     return repr(type(value).__name__) if not isinstance(value, (int, float, bool, str)) else repr(value)
 
 
+def _target_name(target: Any) -> str:
+    """An operation's target by its qualified name (a module's attribute path stays)."""
+    if isinstance(target, str):
+        return target
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', repr(target))}"
+
+
 _ORIGINAL_COMPILE_SUBMOD = "_coordinator_original_compile_submod"
 
 
@@ -319,12 +388,14 @@ def _original_compile_submod(cls: Any) -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def split_frames(before_chain: Callable[[SplitFrame], None],
-                 chain_compiled: Callable[[SplitFrame, int, bool], None] | None = None) -> Iterator[None]:
+                 chain_compiled: Callable[[SplitFrame, int, bool], None] | None = None,
+                 chain_ended: Callable[[SplitFrame, float], None] | None = None) -> Iterator[None]:
     """For the duration: call ``before_chain`` with each frame DDPOptimizer splits,
     before its chain; mark which submodule the chain compiles (:func:`chain_position`);
     call ``chain_compiled(frame, index, served)`` after each (``served``: AOTAutograd's
-    cache had it, locally or through the store); and keep, for an out-of-order compile,
-    the function that saves its AOTAutograd entry."""
+    cache had it, locally or through the store), and ``chain_ended(frame, began)`` when
+    the chain ends (``began``: the ``time.time()`` of the split); and keep, for an
+    out-of-order compile, the function that saves its AOTAutograd entry."""
     from torch._dynamo.backends.distributed import SubmodCompiler
     from torch._dynamo.utils import counters
     from torch._functorch._aot_autograd import graph_compile
@@ -335,11 +406,16 @@ def split_frames(before_chain: Callable[[SplitFrame], None],
     original_cache_info = graph_compile.__dict__["_cache_autograd_info"]
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        began = time.time()
         frame = SplitFrame(self, args)
         if len(frame) > 1:
             before_chain(frame)
         self._coordinator_frame = frame
-        return base_run(self, *args, **kwargs)
+        try:
+            return base_run(self, *args, **kwargs)
+        finally:
+            if len(frame) > 1 and chain_ended is not None:
+                chain_ended(frame, began)
 
     def compile_submod(self: Any, input_mod: Any, args: Any, kwargs: Any) -> Any:
         frame = getattr(self, "_coordinator_frame", None)

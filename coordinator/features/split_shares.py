@@ -10,8 +10,11 @@ tensors (``_compat.SplitFrame``).
 So when a frame is split, before its chain, each rank compiles a share of its submodules:
 
 * **Shares.** Submodules are dealt to the job's ranks by their operator counts, largest
-  first, each to the rank with the least so far (ties: lowest index, lowest rank). Every
-  rank computes the same deal from the same frame.
+  first, each to the rank with the least so far (ties: lowest index, lowest rank).
+  Submodules of one kind (identical layers: the same operations on inputs of the same
+  sizes, which compile to the same FX graphs) go to one rank together, where the first
+  compiles the graphs and the others find them in Inductor's cache. Every rank computes
+  the same deal from the same frame.
 * **Slots.** Each submodule has a slot in the store, keyed by the job, a digest of the
   split frame that every rank computes alike, the compile settings, and its index. A rank
   claims the slots of its share as soon as the frame is split, compiles each submodule from
@@ -84,6 +87,13 @@ class FrameCounts:
     served: int = 0
     #: Submodules this rank's chain compiled itself.
     missed: int = 0
+    #: Dynamo's id of the frame's compile (``"0/1"``), as tlparse names it.
+    compile_id: str = ""
+    #: Seconds this rank spent on its share of the frame (its inputs, claims, compiles).
+    share_s: float = 0.0
+    #: Seconds of the frame's chain on this rank (looking up, waiting for, loading or
+    #: compiling each submodule), not counting the backward graphs it compiled lazily.
+    chain_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -111,23 +121,42 @@ class SplitShareCounts:
     def summary(self) -> str:
         if not (self.compiled or self.skipped or self.failed or self.waited or self.missed):
             return ""
-        frames = ", ".join(f"#{n} {f.graphs} graphs: {f.compiled} compiled here, {f.served} served, {f.missed} missed"
-                           for n, f in enumerate(self.frames))
+        frames = ", ".join(f"#{n} {f.graphs} graphs: {f.compiled} compiled here ({f.share_s:.1f}s), {f.served} served, "
+                           f"{f.missed} missed ({f.chain_s:.1f}s)" for n, f in enumerate(self.frames))
         return (f"split graphs compiled for the job: {self.compiled} ({self.seconds:.1f}s), {self.skipped} skipped, "
                 f"{self.failed} failed; waited for {self.waited}, {self.missed} compiled in the chain"
                 + (f"; per frame in the chain: {frames}" if frames else ""))
 
 
-def deal(costs: list[int], world: int) -> list[int]:
-    """The rank that compiles each submodule: largest cost first, each to the rank with
-    the least cost so far (ties: lower index, lower rank)."""
+#: What a submodule costs its rank when another of its kind compiled before it on that rank:
+#: AOTAutograd traces it (its own key), Inductor finds its graphs in the local cache.
+REPEAT_COST = 0.3
+
+
+def deal(costs: list[int], world: int, kinds: list[str] | None = None) -> list[int]:
+    """The rank that compiles each submodule. Submodules of one kind (``kinds``: the same
+    graphs, which Inductor compiles once and then finds in its cache) go to one rank
+    together, as a group that costs its first member's cost and :data:`REPEAT_COST` of
+    each other's; groups largest first, each to the rank with the least cost so far (ties:
+    lower first index, lower rank). Spread over ranks, a second member would meet its
+    graphs being compiled by another rank (a share waits on nothing: the chain would
+    compile it)."""
+    kinds = kinds if kinds is not None else [str(index) for index in range(len(costs))]
+    groups: dict[str, list[int]] = {}
+    for index, kind in enumerate(kinds):
+        groups.setdefault(kind, []).append(index)
+
+    def cost(members: list[int]) -> float:
+        return costs[members[0]] + REPEAT_COST * sum(costs[index] for index in members[1:])
+
     owners = [0] * len(costs)
-    loads = [(0, rank) for rank in range(world)]
+    loads = [(0.0, rank) for rank in range(world)]
     heapq.heapify(loads)
-    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+    for members in sorted(groups.values(), key=lambda members: (-cost(members), members[0])):
         load, rank = heapq.heappop(loads)
-        owners[index] = rank
-        heapq.heappush(loads, (load + costs[index], rank))
+        for index in members:
+            owners[index] = rank
+        heapq.heappush(loads, (load + cost(members), rank))
     return owners
 
 
@@ -187,7 +216,7 @@ class SplitShares(Feature):
                 and _compat.split_graphs_unsupported() is None)
 
     def hooks(self, routed: frozenset[str]) -> Iterable:
-        return (_compat.split_frames(self.before_chain, self.chain_compiled),)
+        return (_compat.split_frames(self.before_chain, self.chain_compiled, self.chain_ended),)
 
     def looked_up(self, flight: Singleflight, kind: str, key: str, result: LookupResult,
                   rejected: bytes | None) -> LookupResult:
@@ -223,6 +252,17 @@ class SplitShares(Feature):
         self._events.instant("chain", key=short_key(slot[0]) if slot else "", frame=number, index=index,
                              outcome="served" if served else "missed")
 
+    def chain_ended(self, frame: Any, began: float) -> None:
+        """The chain of a split frame ended (its frame's compile went on, or raised);
+        ``began`` (``time.time()``) is when the frame was split."""
+        number = self._numbers.get(frame)
+        if number is None:
+            return
+        counts = self.counts.frames[number]
+        counts.chain_s = max(time.time() - began - counts.share_s, 0.0)
+        self._events.span("split frame", began, frame=number, graphs=counts.graphs, share_s=round(counts.share_s, 3),
+                          chain_s=round(counts.chain_s, 3))
+
     def backward_deferred(self, backward: Any) -> bool:
         """A share's own backward is compiled with it."""
         return _compat.capture_backward(backward)
@@ -232,7 +272,8 @@ class SplitShares(Feature):
     def before_chain(self, frame: Any) -> None:
         """Called with a frame DDPOptimizer just split: compile this rank's share of it."""
         self._numbers[frame] = len(self.counts.frames)
-        self.counts.frames.append(FrameCounts(graphs=len(frame)))
+        counts = FrameCounts(graphs=len(frame), compile_id=_compat.current_compile_id() or "")
+        self.counts.frames.append(counts)
         flight = self._flight()
         rank, world = job_ranks()
         if flight is None or world < 2:
@@ -245,8 +286,11 @@ class SplitShares(Feature):
         started = time.monotonic()
         try:
             slots = self._slot_keys(frame)
-            owners = deal(frame.costs(), world)
+            costs, kinds = frame.costs(), frame.kinds()
+            owners = deal(costs, world, kinds)
             mine = [index for index, owner in enumerate(owners) if owner == rank]
+            log.debug("compile_once: split frame #%d (%s): costs %s, kinds %s, owners %s",
+                      len(self.counts.frames) - 1, counts.compile_id, costs, [k[:6] for k in kinds], owners)
             for index in self._claim(flight, [slots[i][0] for i in mine], mine, len(frame)):
                 self._compile(flight, frame, index, *slots[index])
         except Exception as exc:  # never fail the frame over a share: the chain compiles it all
@@ -257,7 +301,8 @@ class SplitShares(Feature):
             log.warning("compile_once: compiling this rank's share of a split frame failed", exc_info=True)
             flight.abandon_all()
         finally:
-            self.counts.seconds += time.monotonic() - started
+            counts.share_s = time.monotonic() - started
+            self.counts.seconds += counts.share_s
 
     def _slot_keys(self, frame: Any) -> list[tuple[str, str]]:
         """Each submodule's slot (this job's) and "done" mark (any job's) keys."""

@@ -16,11 +16,11 @@ It returns (and the command prints) a table per rank, with a legend: graphs comp
 received, found locally, waits, time saved, bytes, rejections, counted from the rank's
 events by the same function the rank's own summary counts them with (``Stats.count``), so
 the two agree; where DDPOptimizer split frames, a table per frame (its graphs, the shares
-compiled for the job, and how many of the chains' lookups were served and missed, over all
-ranks). And warnings: ranks that compiled or received different sets of FX graphs
-(a rank that compiles a graph its peers never need usually took another path through the
-model, the usual cause of a collective that hangs), and waits on a rank that never
-compiled or published the graph.
+compiled for the job, how many of the chains' lookups were served and missed, and the
+seconds spent on its shares and on its chains, each over all ranks). And warnings: ranks
+that compiled or received different sets of FX graphs (a rank that compiles a graph its
+peers never need usually took another path through the model, the usual cause of a
+collective that hangs), and waits on a rank that never compiled or published the graph.
 """
 
 from __future__ import annotations
@@ -74,6 +74,11 @@ class FrameRow:
     served: int = 0
     #: Chain lookups that compiled the submodule instead, over all ranks.
     missed: int = 0
+    #: Seconds the ranks spent on their shares of it, summed over ranks.
+    shares_s: float = 0.0
+    #: Seconds of its chains (every submodule looked up, waited for, loaded or compiled),
+    #: summed over ranks.
+    chains_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -89,9 +94,9 @@ class Report:
         lookups served and missed, over all ranks (empty: no frame was split)."""
         if not self.frames:
             return ""
-        lines = ["split frames (all ranks):  frame  graphs  compiled  served  missed"]
-        lines += [f"{'':26}{f.frame:>5}  {f.graphs:>6}  {f.compiled:>8}  {f.served:>6}  {f.missed:>6}"
-                  for f in self.frames]
+        lines = ["split frames (all ranks):  frame  graphs  compiled  served  missed  shares_s  chains_s"]
+        lines += [f"{'':26}{f.frame:>5}  {f.graphs:>6}  {f.compiled:>8}  {f.served:>6}  {f.missed:>6}  "
+                  f"{f.shares_s:>8.1f}  {f.chains_s:>8.1f}" for f in self.frames]
         return "\n".join(lines)
 
     def table(self) -> str:
@@ -196,15 +201,20 @@ def rows(traces: dict[int, list[dict]]) -> list[RankRow]:
 
 
 def split_frames(traces: dict[int, list[dict]]) -> list[FrameRow]:
-    """Per split frame, over all ranks: shares compiled, the chains' lookups served and missed."""
+    """Per split frame, over all ranks: shares compiled, the chains' lookups served and
+    missed, the seconds spent on shares and on chains."""
     frames: dict[int, FrameRow] = {}
     per_rank: dict[tuple[int, int], set[int]] = defaultdict(set)
     for rank, events in traces.items():
         for event in events:
             args = event.get("args", {})
-            if event.get("name") not in ("share", "chain") or "frame" not in args:
+            if event.get("name") not in ("share", "chain", "split frame") or "frame" not in args:
                 continue
             row = frames.setdefault(args["frame"], FrameRow(args["frame"]))
+            if event["name"] == "split frame":
+                row.shares_s += args.get("share_s", 0.0)
+                row.chains_s += args.get("chain_s", 0.0)
+                continue
             if event["name"] == "share":
                 row.compiled += args.get("outcome") == "compiled"
                 continue
