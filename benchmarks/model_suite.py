@@ -18,7 +18,9 @@ on a real node), else the ranks share ``cuda:0`` over gloo.
 Columns: the time until every rank has finished every step (the shape change's recompile
 included) and step 1, medians; each ÷ plain N=1, the median of each run's ratio to the
 median plain N=1 run of its own invocation (the same machine); FX graphs compiled summed
-over ranks (median), against plain N=1's; whether the losses were bitwise equal across the
+over ranks (median), against plain N=1's; DDP's split graphs that went through AOTAutograd,
+summed over ranks, against the split graphs (the middle run; ours compiles each once in the
+job: its shares and its chains' misses); whether the losses were bitwise equal across the
 ranks of every run; and how far they were from the closest plain N=1 run of the same
 invocation ("equal": bit for bit; else the largest relative difference over the steps). Prints the
 table, writes the raw runs to
@@ -89,9 +91,26 @@ def row(model: str, n: int, launcher: str, runs: list[dict]) -> dict:
         "step1_ratio": median(r["step1_s"] / median(x["step1_s"] for x in r["reference"]) for r in runs),
         "fx_compiles": median(sum(rank["fx_misses"] for rank in r["ranks"]) for r in runs),
         "fx_compiles_alone": median(x["ranks"][0]["fx_misses"] for r in runs for x in r["reference"]),
+        "split_aot": split_graphs_through_aot(runs[len(runs) // 2]),
         "ranks_equal": all(rank["losses"] == r["ranks"][0]["losses"] for r in runs for rank in r["ranks"]),
         "vs_plain": max(loss_difference(r["ranks"][0]["losses"], r["reference"]) for r in runs),
     }
+
+
+def split_graphs_through_aot(run: dict) -> tuple[int, int] | None:
+    """(AOTAutograd's runs on DDP's split graphs summed over ranks, the split graphs), or
+    ``None`` where no frame was split. Ours: each rank's shares (compiled, skipped or
+    failed) and its chains' misses; stock: AOTAutograd's bypasses (its cache refuses every
+    split graph), the split graphs being one rank's."""
+    shares = [((rank.get("stats") or {}).get("split_shares") or {}) for rank in run["ranks"]]
+    if any(shares):
+        ran = sum(x.get("compiled", 0) + x.get("skipped", 0) + x.get("failed", 0) + x.get("missed", 0)
+                  for x in shares)
+        frames = [x.get("frames", []) for x in shares]
+        graphs = sum(max(f[n]["graphs"] for f in frames if len(f) > n) for n in range(max(map(len, frames))))
+        return (ran, graphs) if graphs else None
+    bypassed = [rank["aot_autograd"].get("autograd_cache_bypass", 0) for rank in run["ranks"]]
+    return (sum(bypassed), max(bypassed)) if any(bypassed) else None
 
 
 def loss_difference(losses: list[str], reference: list[dict]) -> float:
@@ -131,14 +150,17 @@ def markdown(args: argparse.Namespace, raw: dict, table: list[dict]) -> str:
         f"{args.steps} steps, then one at a new shape (a recompile).",
         "",
         "| model | N | launcher | all steps (s) | ÷ plain N=1 | runs (s) | step 1 (s) | ÷ plain N=1 | "
-        "FX compiles (sum) | plain N=1 compiles | losses: ranks equal | losses vs plain N=1 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "FX compiles (sum) | plain N=1 compiles | split graphs through AOTAutograd (sum) / split graphs | "
+        "losses: ranks equal | losses vs plain N=1 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
+        split = r.get("split_aot")
         lines.append(
             f"| {r['model']} | {r['n']} | {r['launcher']} | {r['all_steps_s']:.1f} | {r['ratio']:.2f}× | "
             f"{', '.join(f'{t:.1f}' for t in r['runs_s'])} | {r['step1_s']:.1f} | {r['step1_ratio']:.2f}× | "
-            f"{r['fx_compiles']:g} | {r['fx_compiles_alone']:g} | {'yes' if r['ranks_equal'] else '**no**'} | "
+            f"{r['fx_compiles']:g} | {r['fx_compiles_alone']:g} | {f'{split[0]} / {split[1]}' if split else '-'} | "
+            f"{'yes' if r['ranks_equal'] else '**no**'} | "
             f"{'equal' if r['vs_plain'] == 0 else format(r['vs_plain'], '.0e') + ' apart'} |"
         )
     return "\n".join(lines) + "\n"

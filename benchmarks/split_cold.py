@@ -226,7 +226,8 @@ def main() -> None:
                         if args.trace and name.startswith("ours"):
                             trace = Path(args.job_logs) / f"{args.label}-{model}-n{n}-pair{pair + 1}-trace"
                             env["COORDINATOR_TRACE"] = str(trace)
-                        jobs[name] = run_job(name, model, n, dirs, args, env=env)
+                        logged = argparse.Namespace(**{**vars(args), "label": f"{args.label}-pair{pair + 1}"})
+                        jobs[name] = run_job(name, model, n, dirs, logged, env=env)
                         jobs[name]["pair"] = pair
                         raw["jobs"].append(jobs[name])
                         save(args, raw, table)

@@ -192,6 +192,13 @@ def test_the_deal_is_the_same_on_every_rank_and_balances_the_cost():
     assert sorted(set(owners)) == [0, 1, 2]
     assert deal(costs, 1) == [0] * len(costs)
     assert deal([], 4) == []
+    # Submodules of one kind (identical layers) go to one rank, whose first of them compiles
+    # the graphs the others find in its cache; the kinds' groups are balanced over the ranks.
+    costs, kinds = [11, 40, 35, 17, 40, 35, 18, 1], ["embed", "a", "b", "c", "a", "b", "d", "head"]
+    owners = deal(costs, 2, kinds)
+    assert owners[1] == owners[4] and owners[2] == owners[5] and owners[1] != owners[2], owners
+    assert owners == deal(costs, 2, list(kinds))
+    assert deal(costs, 2, [str(i) for i in range(len(costs))]) == deal(costs, 2)
 
 
 def test_the_switch_reads_its_environment_variable():

@@ -25,8 +25,10 @@
 #                                            # server on this machine, then a file:// dir) and from a bundle in the first,
 #                                            # with the bundle's save and restore times (needs moto and s3fs: see below)
 #   bash benchmarks/gpu/runs.sh split-cold  # cold starts, stock against ours (benchmarks/split_cold.py): models $MODELS
-#                                            # (default llama phi3), the 142M size, N=$RANKS (default 4), jobs in
-#                                            # $ORDER (stock-first or ours-first): steps, AOTAutograd misses, shares per frame
+#                                            # (default llama phi3), the 142M size ($SIZE), N=$RANKS (default 4), $REPEAT
+#                                            # pairs (default 1) alternating from $ORDER (stock-first or ours-first): steps,
+#                                            # AOTAutograd misses, shares and price per frame; ours' traces and reports in
+#                                            # the job logs
 #   bash benchmarks/gpu/runs.sh recompile-probe  # one GPU, about a minute: does max-autotune compile each GEMM
 #                                            # template choice twice (precompile, then benchmark)? under which keys
 #   bash benchmarks/gpu/runs.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
@@ -68,9 +70,9 @@ case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | recompile-pr
   split-cold)
     label=${LABEL:-gpu-split-cold-n${RANKS:-4}}
     rm -rf "/tmp/jl-$label"
-    timeout "$(left)" python3 benchmarks/split_cold.py --label "$label" --models ${MODELS:-llama phi3} --size restart \
-      --ranks ${RANKS:-4} --order ${ORDER:-stock-first} --gpu --job-logs "/tmp/jl-$label" --results-dir "$OUT" \
-      --out "$OUT/$label.md" 2>&1 | tee "$OUT/$label.log"
+    timeout "$(left)" python3 benchmarks/split_cold.py --label "$label" --models ${MODELS:-llama phi3} \
+      --size ${SIZE:-restart} --ranks ${RANKS:-4} --order ${ORDER:-stock-first} --repeat ${REPEAT:-1} --gpu --trace \
+      --job-logs "/tmp/jl-$label" --results-dir "$OUT" --out "$OUT/$label.md" 2>&1 | tee "$OUT/$label.log"
     tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .
     ;;
   restart)
