@@ -183,6 +183,28 @@ def test_a_shape_environment_put_back_equals_the_one_saved():
     assert len(env.guards) == 2 and env.divisible
 
 
+def test_a_size_read_during_a_put_back_compile_is_read_again_after():
+    # A symbolic size keeps its expression under the replacements of the moment it was
+    # read, keyed on the shape environment's replacement counter. After the put-back the
+    # counter must not take again a value it had during the compile: the size would give
+    # the compile's replacement (b for a) although the environment no longer has it.
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    from coordinator._compat.split_frames import ShapeEnvState
+
+    env = ShapeEnv()
+    a, b, c = (env.create_symintnode(env.create_symbol(hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC),
+                                     hint=hint) for name, hint in (("a", 8), ("b", 8), ("c", 5)))
+    symbol = a.node.expr
+    state = ShapeEnvState(env)
+    assert a == b  # the compile learns a = b
+    assert a.node.expr != symbol  # and the size reads as b
+    state.restore()
+    assert c == 5  # the chain learns something else: a replacement of its own
+    assert a.node.expr == symbol, a.node.expr
+
+
 def test_the_deal_is_the_same_on_every_rank_and_balances_the_cost():
     costs = [40, 10, 10, 25, 5, 30, 12]
     owners = deal(costs, 3)

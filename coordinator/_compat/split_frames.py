@@ -268,7 +268,7 @@ class ShapeEnvState:
     is later put back would skip a guard that is gone. From the save until
     :meth:`restore`, each cached method answers from an empty cache of its own, thrown away
     then: the caches of before come back, holding nothing from in between. The version
-    counter moves on at the restore, so the caches kept on it start again."""
+    counters move on at the restore: the caches kept on them start again."""
 
     def __init__(self, shape_env: Any) -> None:
         self.shape_env = shape_env
@@ -291,10 +291,16 @@ class ShapeEnvState:
         methods' caches as they were at the save."""
         state = vars(self.shape_env)
         version = state.get("_version_counter", 0)
+        replacements_version = state.get("_replacements_version_counter", 0)
         for name in [name for name in state if name not in self._saved]:
             del state[name]
         for name, value in self._saved.items():
             state[name] = _copied(value)
+        # Both counters move on, never back: what was cached on a value they took
+        # meanwhile (a symbolic size's expression under the replacements of then, kept on
+        # the size itself) would otherwise be taken as current when they take it again.
+        if "_replacements_version_counter" in state:
+            state["_replacements_version_counter"] = replacements_version + 1
         if "_version_counter" in state:
             state["_version_counter"] = version + 1
             state["_prev_cache_key"] = self.shape_env._get_key()
