@@ -19,8 +19,7 @@ AOTAutograd defers are reported to the session. Then the hooks of each compile f
 on in the session (``coordinator.features``). On a GPU, Triton's driver utilities are
 built in the background as the session starts (``_compat.warm_driver_utilities``), not at
 the first kernel load, and Inductor's compile workers are started then
-(``_compat.warm_compile_pool``), not at the first kernel; on CPU the probe of the CPU's
-vector instructions runs in the background (``_compat.probe_cpu_isa``).
+(``_compat.warm_compile_pool``), not at the first kernel.
 """
 
 from __future__ import annotations
@@ -98,7 +97,6 @@ def route_caches(session: Session) -> Iterator[None]:
     """Send the session's configured Inductor caches through it for the duration."""
     _compat.warm_driver_utilities()  # a restart's first kernel load finds Triton's driver built
     _compat.warm_compile_pool()  # the first share's kernels compile in the workers, not one by one
-    _compat.probe_cpu_isa()  # in the background, not inside the first share
     backends = {kind: _backend_class(session, kind) for kind in sorted(session.routed)}
     aot_hits_before = _compat.aot_autograd_cache_hits()
     session.stats.aot_autograd_hits = lambda: _compat.aot_autograd_cache_hits() - aot_hits_before

@@ -129,11 +129,9 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
 * ``triton_driver``: Triton's CUDA driver utilities built in the background when a session
   starts (``warm_driver_utilities``): ``triton.backends.nvidia.driver.CudaUtils``. Triton 3.6
   with 2.11.0 on an H100 (the restart benchmark); read from Triton 3.8's source (2.14.1).
-* ``warmup``: what Inductor does once per process, started when a session starts: its
-  compile workers on a GPU (``warm_compile_pool``: ``async_compile.maybe_warm_pool``), the
-  CPU's vector instruction sets on CPU (``probe_cpu_isa``: ``cpu_vec_isa.valid_vec_isa_list``).
-  Read from the sources of 2.11.0, 2.13.0 and 2.14.1; the pool ran on 2.11.0 (H200s), the
-  probe on 2.13.0 and 2.14.1 (CPU).
+* ``warmup``: Inductor's compile workers started when a session starts, on a GPU
+  (``warm_compile_pool``: ``async_compile.maybe_warm_pool``). Read from the sources of 2.11.0,
+  2.13.0 and 2.14.1; ran on 2.11.0 (H200s).
 * ``compile_context``: what this thread compiles, in words (``compiling_now``: the graph,
   its frame's function, the split frame's part, Dynamo's compile id), for the claims a
   waiting rank names: ``CompileContext.current_compile_id``, ``TracingContext.traced_code``,
@@ -205,7 +203,7 @@ from coordinator._compat.triton_tuning import (
     triton_tuning_hooks,
 )
 from coordinator._compat.versions import CHECKED_ON, FIXED_IN, torch_before, torch_version
-from coordinator._compat.warmup import probe_cpu_isa, warm_compile_pool
+from coordinator._compat.warmup import warm_compile_pool
 
 __all__ = [
     "CHECKED_ON",
@@ -257,7 +255,6 @@ __all__ = [
     "load_cache_artifacts",
     "on_compile_end",
     "precompile_unsupported",
-    "probe_cpu_isa",
     "precompiled_functions",
     "process_compile_seconds",
     "precompile_choices_in_process",

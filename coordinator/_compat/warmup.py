@@ -4,31 +4,29 @@ the first compile.
 Plain ``torch.compile`` pays some one-time costs inside the first graph it compiles. Stock
 pays them once per process, in its chain; a rank that compiles a share of a split frame
 pays them in its first share, and every rank of the job pays them at the same moment, on
-the job's critical path. Two of them need no compile to be paid, and wait on other
-processes rather than on the interpreter, so they run beside the script's own start:
+the job's critical path. One of them needs no compile to be paid, and waits on other
+processes rather than on the interpreter, so it starts beside the script's own start: on a
+GPU, Inductor compiles Triton kernels in a pool of worker processes, which plain
+``torch.compile`` starts only when its first kernel asks whether the pool may be used
+(``AsyncCompile.use_process_pool``); until the workers are up, the first graph builds its
+kernels one by one in the main process. Inductor's own ``inductor`` backend module warms the
+pool when it is imported (``maybe_warm_pool``); :func:`warm_compile_pool` calls the same
+function. Torch's own switch turns it off: ``TORCH_WARM_POOL=0``.
 
-* :func:`warm_compile_pool`, on a GPU: Inductor compiles Triton kernels in a pool of worker
-  processes, which plain ``torch.compile`` starts only when its first kernel asks whether
-  the pool may be used (``AsyncCompile.use_process_pool``); until the workers are up, the
-  first graph builds its kernels one by one in the main process. Inductor's own
-  ``inductor`` backend module warms the pool when it is imported (``maybe_warm_pool``); this
-  calls the same function. Torch's own switch turns it off: ``TORCH_WARM_POOL=0``.
-* :func:`probe_cpu_isa`, on CPU: before its first C++ kernel, Inductor finds which vector
-  instruction sets the CPU runs by building and loading a test library for each, in child
-  processes (``cpu_vec_isa.valid_vec_isa_list``, cached for the process): seconds, most of
-  them spent waiting on those children. It runs in a background thread.
+On CPU nothing is warmed: Inductor builds C++ kernels in a thread pool, and the other
+one-time cost of a CPU compile (the probe of the CPU's vector instructions, a test library
+built and loaded per instruction set) runs child processes that, started with the script,
+would compete with it for the cores.
 
 Private names: ``torch._inductor.async_compile.maybe_warm_pool`` (``AsyncCompile.warm_pool``
-and ``wakeup``), ``torch._inductor.cpu_vec_isa.valid_vec_isa_list``. Read from the sources of
-2.11.0, 2.13.0 and 2.14.1; the pool ran on 2.11.0 on H200s (the split-cold benchmark), the
-probe on 2.13.0 and 2.14.1 (CPU tests).
+and ``wakeup``). Read from the sources of 2.11.0, 2.13.0 and 2.14.1; ran on 2.11.0 on H200s
+(the split-cold benchmark).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 
 log = logging.getLogger(__name__)
 
@@ -57,25 +55,3 @@ def warm_compile_pool() -> bool:
         log.debug("compile_once: could not start Inductor's compile workers early: %s", exc)
         return False
     return True
-
-
-def probe_cpu_isa() -> threading.Thread | None:
-    """Find the CPU's vector instruction sets in a daemon thread, as Inductor would before
-    its first C++ kernel; the thread, or ``None`` where the process has a CUDA GPU (its
-    graphs compile to Triton)."""
-    if _has_cuda():
-        return None
-    try:
-        from torch._inductor.cpu_vec_isa import valid_vec_isa_list
-    except ImportError:
-        return None
-
-    def probe() -> None:
-        try:
-            valid_vec_isa_list()
-        except Exception as exc:  # Inductor probes again where it needs to
-            log.debug("compile_once: could not probe the CPU's vector instructions early: %s", exc)
-
-    thread = threading.Thread(target=probe, name="coordinator-cpu-isa", daemon=True)
-    thread.start()
-    return thread
