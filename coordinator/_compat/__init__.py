@@ -101,8 +101,11 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   each, and the shape environment's put-back. Read from the sources of 2.11.0, 2.13.0 and
   2.14.1; the tests (``tests/test_split_shares.py``) ran on 2.13.0 and 2.14.1 on CPU (both CI
   legs), on 2.11.0 on CPU before the put-back (its own test ran there too); on 2.11.0 on 4
-  H100s over NCCL (the N=4 cold-start benchmark). ``SplitFrame.has_symbolic_floats`` reads
-  each submodule node's ``meta["val"]``/``["example_value"]``; ran on 2.13.0 and 2.14.1
+  H100s over NCCL (the N=4 cold-start benchmark). The caches the put-back keeps aside ran on
+  2.11.0 on 2 H200s (the split-cold benchmark); its replacement counter moving on
+  (``_replacements_version_counter``, in the sources of 2.13.0 and 2.14.1) ran on 2.13.0 and
+  2.14.1 only (its test, both CI legs). ``SplitFrame.has_symbolic_floats`` reads each
+  submodule node's ``meta["val"]``/``["example_value"]``; ran on 2.13.0 and 2.14.1
   (``tests/test_models.py``, Llama dynamic on 3 ranks), not yet on 2.11.0.
 * ``precompile``: Dynamo's precompiled functions (``precompiled_functions``,
   ``complete_package``; ``PRECOMPILE_VERSIONS``, ``CHECKED_ON["precompile"]``, lists where it is

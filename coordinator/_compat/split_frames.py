@@ -33,7 +33,9 @@ Private names: ``_dynamo.backends.distributed.SubmodCompiler`` (``run``,
 siblings, ``aot_graph_name``), ``_functorch._aot_autograd.graph_compile._cache_autograd_info``
 (returns the ``try_save_cache_entry`` a lazily compiled backward calls), the deferred
 backward of ``_compat.backward``; ``ShapeEnv`` (its attributes, ``suppress_guards``,
-``_version_counter``, ``_prev_cache_key``, ``_get_key``, its methods' ``lru_cache``s),
+``_version_counter``, ``_replacements_version_counter`` (a ``SymNode``'s expression is
+cached on it; read with a default where a version lacks it), ``_prev_cache_key``,
+``_get_key``, its methods' ``lru_cache``s),
 ``fake_tensor.disable_fake_tensor_cache``, ``_dispatch.python.enable_python_dispatcher``,
 Inductor's ``_is_inductor_static`` tag, AOTAutograd's ``autograd_cache_hit`` counter. Read from
 the sources of 2.11.0, 2.13.0 and 2.14.1 (``SubmodCompiler`` differs only in
