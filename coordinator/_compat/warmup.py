@@ -26,32 +26,21 @@ and ``wakeup``). Read from the sources of 2.11.0, 2.13.0 and 2.14.1; ran on 2.11
 from __future__ import annotations
 
 import logging
-import os
 
 log = logging.getLogger(__name__)
 
 
-def _has_cuda() -> bool:
+def warm_compile_pool() -> None:
+    """Start Inductor's compile worker pool now, where a CUDA GPU is. Inductor's own
+    function decides the rest as it would at import: no Triton, or ``TORCH_WARM_POOL=0``,
+    starts nothing."""
     import torch
 
-    return torch.version.cuda is not None and torch.cuda.is_available()
-
-
-def warm_compile_pool() -> bool:
-    """Start Inductor's compile worker pool now; returns whether it was asked to start
-    (``False``: no CUDA GPU or no Triton here, or torch's ``TORCH_WARM_POOL=0``)."""
-    if not _has_cuda() or os.environ.get("TORCH_WARM_POOL", "1") != "1":
-        return False
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return
     try:
         from torch._inductor.async_compile import maybe_warm_pool
-        from torch.utils._triton import has_triton_package
-    except ImportError:
-        return False
-    if not has_triton_package():
-        return False
-    try:
+
         maybe_warm_pool()
     except Exception as exc:  # Inductor starts it at its first kernel, as without us
         log.debug("compile_once: could not start Inductor's compile workers early: %s", exc)
-        return False
-    return True
