@@ -12,6 +12,8 @@ Each test first fills one cache dir with a one-rank job, then gives it to rank 0
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import torch
 from conftest import require_success
@@ -47,6 +49,8 @@ def test_a_graph_found_twice_in_the_local_cache_counts_and_publishes_once(tmp_pa
     for _ in range(2):
         session.feature(LocalHits).served_locally("pt2:fx-graph-v1::backward", remote_value, [])
     session.put("fx_graph", "pt2:fx-graph-v1::forward", b"entry of the forward graph")
+    # Published behind the compile: read only once written (a lookup before that claims it).
+    assert session.flight().drain(timedelta(seconds=30))
     other = Session(Config(store=f"file://{tmp_path / 'store'}"))
     assert other.get("fx_graph", "pt2:fx-graph-v1::backward") == b"entry of the backward graph"
     assert other.get("fx_graph", "pt2:fx-graph-v1::forward") == b"entry of the forward graph"
