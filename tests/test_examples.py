@@ -16,6 +16,13 @@ from conftest import machine_env
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+def job_output(result: subprocess.CompletedProcess) -> str:
+    """What a failed job printed: its stdout's end, and its stderr's without Python's list
+    of extension modules (a fatal error's dump ends with it, and hid the error's own line)."""
+    stderr = "\n".join(line for line in result.stderr.splitlines() if not line.startswith("Extension modules:"))
+    return f"stdout:\n{result.stdout[-1500:]}\nstderr:\n{stderr[-4000:]}"
+
+
 @pytest.mark.parametrize("launcher", [
     "torch.distributed.run",
     # The launcher's own tests are protocol tests: CI runs them on one torch.
@@ -36,7 +43,7 @@ def test_example_compiles_each_graph_once(tmp_path, launcher, script, args):
         [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", "2", str(EXAMPLES / script), *args],
         env=env, capture_output=True, text=True, timeout=240,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, job_output(result)
     if launcher == "coordinator.jobs.launcher":  # one session per worker: the launcher's, which the script joined
         for rank in (0, 1):
             assert result.stderr.count(f"compile_once rank {rank}: ") == 1, result.stderr[-3000:]
