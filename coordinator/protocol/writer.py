@@ -1,14 +1,17 @@
 """Writes that must not sit on a compile's critical path, done by a thread of their own.
 
 A :class:`BackgroundWriter` takes writes (what it is, its size, a function that does it)
-and runs them one after another on a daemon thread, in the order given. Its queue is
+and runs them one after another on a daemon thread, in the order given. The thread starts
+with the writer, so that a first write submitted while the interpreter exits (from an
+``atexit`` handler, where Python 3.12 and later refuse to start threads) still runs. Its queue is
 bounded by bytes: a write that would take it past ``max_bytes`` is refused (``submit``
 returns False) rather than holding more memory or making the caller wait (one larger
 than ``max_bytes`` is taken only into an empty queue). At the end,
 :meth:`BackgroundWriter.drain` waits for what is queued until a deadline, logging a
 progress line while it waits, and :meth:`BackgroundWriter.close` stops the thread and drops
-what is left. A write that raises is logged and counted; the ones after it still run (a
-caller that wants to stop after a failure makes its own writes do nothing).
+what is left. A write that raises anything, ``BaseException`` included, is logged and
+counted; the ones after it still run (a caller that wants to stop after a failure makes its
+own writes do nothing).
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ class BackgroundWriter:
         self._queued_bytes = 0
         self._running: tuple[str, int] | None = None
         self._changed = threading.Condition()
-        self._thread: threading.Thread | None = None
         self._closed = False
         #: Writes done, writes that raised, writes refused (queue full or closed).
         self.written = self.failed = self.refused = 0
         #: Bytes of the writes done.
         self.written_bytes = 0
+        self._thread = threading.Thread(target=self._run, name=f"coordinator-{name}", daemon=True)
+        self._thread.start()
 
     def submit(self, what: str, nbytes: int, fn: Callable[[], None]) -> bool:
         """Queue ``fn`` (a write of ``nbytes`` bytes, described as ``what`` in log lines).
@@ -54,9 +58,6 @@ class BackgroundWriter:
                 return False
             self._queue.append((what, nbytes, fn))
             self._queued_bytes += nbytes
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=f"coordinator-{self.name}", daemon=True)
-                self._thread.start()
             self._changed.notify_all()
         return True
 
@@ -80,8 +81,8 @@ class BackgroundWriter:
             try:
                 fn()
                 ok = True
-            except Exception as exc:  # one failed write must not stop the others
-                log.warning("%s: %s failed: %s", self.name, what, exc)
+            except BaseException as exc:  # one failed write, whatever it raised, must not stop the others
+                log.warning("%s: %s failed: %s", self.name, what, exc or type(exc).__name__)
                 ok = False
             with self._changed:
                 self._running = None
