@@ -24,11 +24,13 @@ never in a collective (``_compat.split_selections`` hands each selection here):
   on the store for the shares others hold, and takes over one whose holder's lease lapses.
   A share it cannot get (its holder gave up, the deadline passed, the store failed) it
   times itself, unclaimed.
-* **Timings are written once.** A share's timings (msgpack ``{hash: ms}``, sealed as every
+* **Timings are written once per job.** A share's timings (msgpack ``{hash: ms}``, sealed as every
   value is: checksum, HMAC with a secret, the key) are settled with an atomic
   create-if-absent (``Singleflight.settle``) before the claim publishes them: whoever
   times a share, a taker, a late original holder, or a rank past its deadline, every rank
-  reads the first value settled. So every rank merges the same timings.
+  reads the first value settled. So every rank merges the same timings. The keys name the
+  job (``Singleflight.job``): a later job on a shared store times its own GPUs, and no
+  measurement outlives the job that made it as the one every job uses.
 * **The winner.** The merged timings go back to Inductor ordered by sorted hash, and
   Inductor keeps the first minimum: the fastest over all shares, ties to the lower sorted
   position, the same on every rank that tuned the selection in shares.
@@ -191,7 +193,9 @@ class SplitTuning(Feature):
             return None
         own, shares = plan
         order, members = split(selection.hashes, shares)
-        keys = [self.context.store_key(KIND, f"{selection.key}/{shares}/share/{s}") for s in range(shares)]
+        # Timings are this job's: its GPUs, its load; a later job on a shared store times its own.
+        keys = [self.context.store_key(KIND, f"{flight.job}/{selection.key}/{shares}/share/{s}")
+                for s in range(shares)]
         rotation = [(own + step) % shares for step in range(shares)]
         wanted = [s for s in rotation if members[s]]
         timings: dict[int, float] = {}
