@@ -30,7 +30,7 @@ from coordinator.errors import ConfigError
 from coordinator.inductor import route_caches
 from coordinator.observe.logs import show_coordinator_logs, show_logs_unless_configured
 from coordinator.session import Session
-from coordinator.settings import Config, JobSettings, take_enable_switch
+from coordinator.settings import Config, JobSettings, shown_url, take_enable_switch
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def _connect(url: str) -> None:
     try:
         open_store(bundle_url(url)).connect()
     except Exception as exc:  # the save at exit says what is wrong
-        log.debug("compile_once: could not open %s yet: %s", url, exc)
+        log.debug("compile_once: could not open %s yet: %s", shown_url(url), exc)
 
 
 def _save_bundle_at_exit(url: str, name: str, session: Session) -> None:
@@ -167,4 +167,4 @@ def _save_bundle_at_exit(url: str, name: str, session: Session) -> None:
     try:
         save_bundle(url, name=name, config=session.config, kernels=session.kernels)
     except Exception as exc:  # the job is done; never turn that into a failure
-        log.warning("compile_once: could not save the job's bundle to %s: %s", url, exc)
+        log.warning("compile_once: could not save the job's bundle to %s: %s", shown_url(url), exc)

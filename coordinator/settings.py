@@ -45,8 +45,10 @@ _SLURM_TIMEOUT_S = 300.0
 
 def given(source: str, raw: str) -> str:
     """How an error names a value from the environment or the command line, as it was
-    written: ``COORDINATOR_LEASE_S=-3``, or ``--coordinator-store bogus://x`` for an option."""
-    return f"{source} {shlex.quote(raw)}" if source.startswith("-") else f"{source}={shlex.quote(raw)}"
+    written (a password in it as ``***``, :func:`shown_url`): ``COORDINATOR_LEASE_S=-3``, or
+    ``--coordinator-store bogus://x`` for an option."""
+    shown = shlex.quote(shown_url(raw))
+    return f"{source} {shown}" if source.startswith("-") else f"{source}={shown}"
 
 
 def parse_flag(raw: str, source: str) -> bool:
@@ -216,6 +218,14 @@ class Config:
     (``coordinator.protocol.writer``): at most this many MB wait at once; an entry past the
     bound is not published (other ranks compile it). 0: publish inside the compile."""
 
+    drain_timeout: timedelta = _setting(
+        timedelta(seconds=300), env="COORDINATOR_DRAIN_TIMEOUT_S", parse=_seconds,
+        help="longest wait, when compile_once ends, for the entries still being published and for the "
+             "persistent layer's writes, each; then they are dropped (default 300)")
+    """When the session ends, the entries still waiting to be published behind the compile
+    get up to this long, and then the persistent layer's queued writes as long again; what is
+    left is dropped with a warning (the ranks and jobs that need it compile it)."""
+
     ship_cpu_kernels: bool = _setting(
         True, env="COORDINATOR_SHIP_CPU_KERNELS", parse=_flag,
         help="ship compiled C++ kernels with FX graphs (1/0, default 1)")
@@ -299,7 +309,7 @@ class Config:
             self.secret = self.secret.encode()
         if self.secret is not None and len(self.secret) == 0:
             self.secret = None
-        for name in ("lease", "wait_timeout", "progress_interval"):
+        for name in ("lease", "wait_timeout", "progress_interval", "drain_timeout"):
             value = getattr(self, name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 value = timedelta(seconds=value)
@@ -381,7 +391,7 @@ class Config:
 
     def differences(self, other: Config) -> list[str]:
         """Each setting in which ``other`` differs from this config, as ``name
-        (VARIABLE): active VALUE, requested VALUE``; a secret's value is never shown."""
+        (VARIABLE): active VALUE, requested VALUE``; a secret's value and a password are never shown."""
         found = []
         for field in dataclasses.fields(self):
             mine, theirs = getattr(self, field.name), getattr(other, field.name)
@@ -392,6 +402,8 @@ class Config:
                          "none" if theirs is None else "set" if mine is None else "another one")
             else:
                 shown = (_shown(mine), _shown(theirs))
+                if shown[0] == shown[1]:  # they differ where a password is shown as ***
+                    shown = (shown[0], f"{shown[1]} (another password)")
             found.append(f"{field.name} ({field.metadata['env']}): active {shown[0]}, requested {shown[1]}")
         return found
 
@@ -513,72 +525,111 @@ STORE_SCHEMES = ("file", "redis", "rediss", *OBJECT_SCHEMES)
 DISTRIBUTION = "torch-compile-coordinator"
 
 
+def shown_url(url: str) -> str:
+    """A store URL (or any setting's text) as a message shows it: as given, every password in
+    it replaced by ``***``. The one way a store is named in messages, log lines, errors and
+    command output.
+
+    Masked are the user information of ``scheme://user:password@host`` (``user:***@``; a
+    user information with no ``:`` as a whole, ``***@``: it may be a token), also where the
+    port is not a number and where an unescaped ``/``, ``?`` or ``#`` in the password ends
+    the host part early, and the value of every ``name=value`` item of a query or a
+    connection string whose name names a credential (redis-py's ``?password=``, an Azure
+    SAS token's ``sig=``, a connection string's ``AccountKey=``). It reads no more than
+    the text: it never fails, whatever the text holds.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    host_end = min([i for i in (rest.find(c) for c in "/?#") if i >= 0], default=len(rest))
+    netloc = rest[:host_end]
+    if "@" in netloc:
+        at = netloc.rindex("@")
+    elif ":" in netloc and "@" in rest[host_end:]:  # a password holding "/", "?" or "#"
+        at = rest.index("@", host_end)
+    else:
+        at = 0
+    user, colon, _ = rest[:at].partition(":")
+    if at and (colon or sep):  # outside a URL, a "name@" holds no password
+        rest = (f"{user}:***" if colon else "***") + rest[at:]
+    return _SECRET_ITEM.sub(r"\1***", scheme + sep + rest)
+
+
+#: A ``name=value`` item (of a query, or of a connection string's ``;``-separated items)
+#: whose name names a credential; its value runs to the next ``&``, ``;`` or ``#``.
+_SECRET_ITEM = re.compile(r"(?i)((?:^|[?&;])[\w.-]*(?:pass|pwd|secret|token|sig|key|credential|auth)[\w.-]*=)"
+                          r"[^&;#]*")
+
+
 def check_store_url(url: str) -> None:
     """The one check of a store URL, for settings and ``open_store`` alike; it reaches no
     server. Whether the store is up is found out at first use, where an unreachable store
-    means compiling locally; a URL that can never work is a configuration error.
+    means compiling locally; a URL that can never work is a configuration error. Its
+    errors show the URL as :func:`shown_url` does.
 
     Raises:
         ConfigError: ``url`` cannot name a store.
     """
+    shown = shown_url(url)
     if "://" not in url:
         raise ConfigError(
-            f"store {url!r} is not a URL; use redis://host:port/db, rediss://..., "
+            f"store {shown!r} is not a URL; use redis://host:port/db, rediss://..., "
             "file:///path, or leave it unset for the job's torch.distributed store"
         )
-    parsed = urlparse(url)
+    try:
+        parsed = urlparse(url)
+    except ValueError as exc:  # an unclosed "[" of an IPv6 address
+        raise ConfigError(f"store URL {shown!r} cannot be read: {exc}") from None
     if parsed.scheme not in STORE_SCHEMES:
-        raise ConfigError(f"unknown store URL scheme {parsed.scheme!r} in {url!r}; allowed: {sorted(STORE_SCHEMES)}")
+        raise ConfigError(f"unknown store URL scheme {parsed.scheme!r} in {shown!r}; allowed: {sorted(STORE_SCHEMES)}")
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
-            raise ConfigError(f"file store URL {url!r} names a host; use file:///absolute/path")
+            raise ConfigError(f"file store URL {shown!r} names a host; use file:///absolute/path")
         if not parsed.path:
-            raise ConfigError(f"file store URL {url!r} names no directory; use file:///absolute/path")
+            raise ConfigError(f"file store URL {shown!r} names no directory; use file:///absolute/path")
         if not parsed.path.startswith("/"):
-            raise ConfigError(f"file store URL {url!r} names a relative path; use file:///absolute/path")
+            raise ConfigError(f"file store URL {shown!r} names a relative path; use file:///absolute/path")
         return
     if parsed.scheme in OBJECT_SCHEMES:
-        _check_object_url(url, parsed.scheme, parsed.netloc)
+        _check_object_url(shown, parsed.scheme, parsed.netloc)
         return
-    _check_redis_url(url, parsed)
+    _check_redis_url(shown, parsed)
 
 
-def _check_object_url(url: str, scheme: str, netloc: str) -> None:
+def _check_object_url(shown: str, scheme: str, netloc: str) -> None:
     """An object store URL names a bucket (container), holds no credentials, and its provider
-    is installed (looked for, not imported)."""
+    is installed (looked for, not imported). ``shown``: the URL as errors show it."""
     import importlib.util
 
     bucket = "container" if scheme == "az" else "bucket"
     if not netloc:
-        raise ConfigError(f"object store URL {url!r} names no {bucket}; use {scheme}://{bucket}/prefix")
+        raise ConfigError(f"object store URL {shown!r} names no {bucket}; use {scheme}://{bucket}/prefix")
     if "@" in netloc:
-        raise ConfigError(f"object store URL {url!r} holds credentials or an account; credentials come from the "
+        raise ConfigError(f"object store URL {shown!r} holds credentials or an account; credentials come from the "
                           "provider's own chain (environment, profile, instance role), never from the URL")
     module, extra = OBJECT_SCHEMES[scheme]
     if importlib.util.find_spec(module) is None:
-        raise ConfigError(f"{url!r} needs {module}, which is not installed: pip install \"{DISTRIBUTION}[{extra}]\"")
+        raise ConfigError(f"{shown!r} needs {module}, which is not installed: pip install \"{DISTRIBUTION}[{extra}]\"")
 
 
-def _check_redis_url(url: str, parsed: Any) -> None:
+def _check_redis_url(shown: str, parsed: Any) -> None:
     """A ``redis://``/``rediss://`` URL as redis-py reads it: a host, a port that is a
     whole number from 1 to 65535 (default 6379), a database that is a whole number
-    (the path, or ``?db=``; default 0)."""
+    (the path, or ``?db=``; default 0). ``shown``: the URL as errors show it."""
     form = f"use {parsed.scheme}://[:password@]host:port/db"
-    if parsed.password:
-        url = url.replace(f":{parsed.password}@", ":***@", 1)
     if not parsed.hostname:
-        raise ConfigError(f"redis store URL {url!r} names no host; {form}")
+        raise ConfigError(f"redis store URL {shown!r} names no host; {form}")
     try:
         port = parsed.port
     except ValueError:
         port = -1
     if port is not None and not 1 <= port <= 65535:
-        raise ConfigError(f"redis store URL {url!r}: the port is not a whole number from 1 to 65535; {form}")
+        raise ConfigError(f"redis store URL {shown!r}: the port is not a whole number from 1 to 65535; {form}")
     databases = [parsed.path.strip("/")] if parsed.path.strip("/") else []
     databases += [value for name, value in parse_qsl(parsed.query, keep_blank_values=True) if name == "db"]
     for db in databases:
         if not db.isdigit():
-            raise ConfigError(f"redis store URL {url!r}: the database {db!r} is not a whole number; {form}")
+            raise ConfigError(f"redis store URL {shown!r}: the database {db!r} is not a whole number; {form}")
 
 
 def check_bundle_name(name: str) -> None:
@@ -646,11 +697,14 @@ def _invalid(setting: str, value: Any, reason: str) -> ConfigError:
 
 
 def _shown(value: Any) -> str:
-    """A setting's value as a message shows it: seconds for a timedelta, else its repr."""
+    """A setting's value as a message shows it: seconds for a timedelta, else its repr (a
+    password in a text as ``***``, :func:`shown_url`)."""
     if isinstance(value, timedelta):
         return f"{value.total_seconds():g}s"
     if isinstance(value, Path):
         return repr(str(value))
+    if isinstance(value, str):
+        return repr(shown_url(value))
     return repr(value)
 
 

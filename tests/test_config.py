@@ -90,17 +90,23 @@ def test_an_invalid_variable_is_named_with_the_value_given(variable, raw, messag
     ("rediss://cache:6380/0?db=x", "the database 'x' is not a whole number"),
     ("redis:///0", "names no host"),
     ("redis://:s3cret@cache:port/0", r"'redis://:\*\*\*@cache:port/0': the port"),
+    ("rediss://user:s3cret@cache:6380/x", r"'rediss://user:\*\*\*@cache:6380/x': the database"),
+    ("redis://cache:6379/x?password=s3cret", r"'redis://cache:6379/x\?password=\*\*\*': the database"),
+    ("az://user:s3cret@container/prefix", r"'az://user:\*\*\*@container/prefix' holds credentials"),
 ])
 def test_a_bad_store_url_fails_when_compile_once_starts(monkeypatch, url, message):
+    """Named as the argument or the variable gave it, and nowhere in the message with its password."""
     import coordinator
 
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as refused:
         with coordinator.compile_once(url):
             pass
+    assert "s3cret" not in str(refused.value), refused.value
     monkeypatch.setenv("COORDINATOR_STORE", url)
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as refused:
         with coordinator.compile_once():
             pass
+    assert "s3cret" not in str(refused.value), refused.value
     monkeypatch.delenv("COORDINATOR_STORE")
     with coordinator.compile_once():  # nothing was left active
         pass

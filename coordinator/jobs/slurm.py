@@ -40,6 +40,7 @@ import time
 
 from coordinator import _compat
 from coordinator.bundles.keys import OUTBOX
+from coordinator.protocol.stores import shown_url
 from coordinator.settings import Config, JobSettings, variable
 
 log = logging.getLogger(__name__)
@@ -264,7 +265,7 @@ def _restore(settings: SlurmJob) -> None:
         print(f"no bundle to restore yet: {exc}")
         return
     except Exception as exc:  # unreachable store, refused bundle: the job compiles as usual
-        print(f"could not restore bundle {settings.bundle_name!r} from {settings.restore_url}: "
+        print(f"could not restore bundle {settings.bundle_name!r} from {shown_url(settings.restore_url)}: "
               f"{type(exc).__name__}: {exc}")
         return
     print(f"restored bundle {settings.bundle_name!r} into {settings.cache_dir}: {result}")
@@ -276,9 +277,9 @@ def _push_and_clean(settings: SlurmJob) -> None:
 
         try:
             pushed = copy_bundles(settings.outbox_url, settings.push_url, secret=settings.secret)
-            print(f"pushed {len(pushed)} bundle(s) to {settings.push_url}: {pushed}")
+            print(f"pushed {len(pushed)} bundle(s) to {shown_url(settings.push_url)}: {pushed}")
         except Exception as exc:
-            print(f"could not push bundles to {settings.push_url}: {type(exc).__name__}: {exc}")
+            print(f"could not push bundles to {shown_url(settings.push_url)}: {type(exc).__name__}: {exc}")
     if settings.clean:
         shutil.rmtree(settings.cache_dir, ignore_errors=True)
         print(f"removed {settings.cache_dir}")

@@ -4,7 +4,8 @@
 torch.distributed store, a URL picks Redis, a directory or an object store (S3, GCS,
 Azure: bundles and the persistent layer, never live claims), and a store object is
 wrapped or passed through. Backends with optional dependencies are imported only
-when chosen.
+when chosen. A store's URL is shown in messages as :func:`shown_url` shows it (defined
+beside ``check_store_url`` in ``coordinator.settings``, which the settings' errors use too).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from urllib.parse import unquote, urlparse
 
 from coordinator.errors import ConfigError, StoreError
 from coordinator.protocol.stores.base import Store
-from coordinator.settings import OBJECT_SCHEMES, STORE_SCHEMES, check_store_url
+from coordinator.settings import OBJECT_SCHEMES, STORE_SCHEMES, check_store_url, shown_url
 
 __all__ = ["Store", "check_store_url", "open_store", "shown_url"]
 
@@ -50,23 +51,6 @@ def _open_objects(url: str, chunk_bytes: int) -> Store:
 _URL_SCHEMES = {"redis": _open_redis, "rediss": _open_redis, "file": _open_file,
                 **dict.fromkeys(OBJECT_SCHEMES, _open_objects)}
 assert sorted(_URL_SCHEMES) == sorted(STORE_SCHEMES)
-
-
-def shown_url(url: str) -> str:
-    """A store URL as a message shows it: as given, its password (if any) replaced by ``***``."""
-    try:
-        parsed = urlparse(url)
-        password = parsed.password
-    except ValueError:
-        return url
-    if not password:
-        return url
-    user = parsed.username or ""
-    host = parsed.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parsed.port}" if parsed.port is not None else ""
-    return parsed._replace(netloc=f"{user}:***@{host}{port}").geturl()
 
 
 def open_store(spec: Any = None, *, chunk_bytes: int = 64 * 1024 * 1024) -> Store:
