@@ -347,10 +347,10 @@ class Session:
                 log.debug("compile_once: released %d unpublished claims", released)
 
     def close(self) -> None:
-        """Let the entries still being published finish (up to ``wait_timeout``), let the
+        """Let the entries still being published finish (up to ``drain_timeout``), let the
         features finish (they hear of each publish), then release what this ``Session`` holds."""
         if self._flight is not None:
-            self._flight.drain(self.config.wait_timeout)
+            self._flight.drain(self.config.drain_timeout)
         for feature in self.features:
             feature.close()
         if self._flight is not None:

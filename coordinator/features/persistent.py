@@ -15,22 +15,28 @@ job's TCPStore, or the ``store`` setting) exactly as without it, and:
   layer in the background (:class:`~coordinator.protocol.writer.BackgroundWriter`, at most
   ``MAX_QUEUED_BYTES`` queued), by the job's first rank to publish it, never on a compile's
   critical path, unless the layer already holds it. When the session closes, the writes
-  still queued are drained for up to ``DRAIN_TIMEOUT``, with a progress line.
+  still queued are drained for up to ``drain_timeout``, with a progress line.
+
+Which rank writes a value is settled by a once-only mark in the live store, named after this
+job (``liveness.this_job``: torchrun's run id and restart, else an id the job's ranks agree
+on, never a constant), so a later job sharing the store never takes an earlier job's mark for
+its own; where the store expires keys the mark lives ``MARK_TTL``. A write that fails frees
+its mark, so another rank, or a later job, writes the value.
 
 Keys are the live store's keys (environment, secret, namespace, kind, digest), so a job only
 finds values it can load. When the session starts, a thread opens the layer and connects; the
 first lookup lists the keys it holds under this job's prefix, and a key not listed is a miss
 without a request (a cold job pays one listing, not a request per graph). The first failure
 of the layer (a missing bucket, refused credentials, a server gone) is logged once, naming
-the URL and what to do, and the job goes on without it: losing the persistent layer costs
-compile time, never the job.
+the URL (a password in it as ``***``, as in every line naming the layer) and what to do, and
+the job goes on without it: losing the persistent layer costs compile time, never the job.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
-import os
 import threading
 import time
 from datetime import timedelta
@@ -42,6 +48,7 @@ from coordinator.observe.trace import short_key
 from coordinator.protocol.fingerprint import key_prefix
 from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.singleflight import LookupResult, Singleflight
+from coordinator.protocol.stores import shown_url
 from coordinator.protocol.stores.base import Store
 from coordinator.protocol.writer import BackgroundWriter
 
@@ -49,13 +56,11 @@ log = logging.getLogger(__name__)
 
 #: Most bytes of values waiting to be written; a value past it is not persisted (counted).
 MAX_QUEUED_BYTES = 1024 * 1024 * 1024
-#: Longest wait, when the session closes, for the writes still queued.
-DRAIN_TIMEOUT = timedelta(seconds=300)
 #: Longest wait of a lookup for the layer to open (connect and list).
 OPEN_TIMEOUT = timedelta(seconds=60)
-#: The live store's once-only mark of a key that a rank of this job writes to the layer
-#: (``Singleflight.first_to_mark``), named after the run where the launcher names it.
-_WRITE_MARK = "persisted-" + (os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or "job")
+#: How long a write's mark lives where the live store expires keys: the job that set it
+#: is long over, or writes a value a second time (the same bytes) past it.
+MARK_TTL = timedelta(days=1)
 #: Lookups that found nothing in the live store and may ask the persistent layer.
 _ASKS = (Outcome.CLAIMED, Outcome.NONBLOCKING, Outcome.UNAVAILABLE)
 
@@ -98,7 +103,11 @@ class PersistentLayer(Feature):
         self._list_lock = threading.Lock()
         self._listed = False
         self._writer: BackgroundWriter | None = None
+        self._mark: str | None = None
         if self.url is not None:
+            # Started with the session: a first write may come while the interpreter exits.
+            self._writer = BackgroundWriter("persistent layer", MAX_QUEUED_BYTES,
+                                            progress_interval=context.config.progress_interval)
             threading.Thread(target=self._connect, name="coordinator-persist-connect", daemon=True).start()
 
     def enabled(self, routed: frozenset[str]) -> bool:
@@ -146,7 +155,7 @@ class PersistentLayer(Feature):
             self.counts.failed = True
             self._store = None
         log.warning("compile_once: persistent layer %s failed, going on without it (graphs it lacks are compiled, "
-                    "and nothing more is written to it): %s", self.url, exc)
+                    "and nothing more is written to it): %s", shown_url(self.url), exc)
         self.context.events.instant("persistent layer lost", error=str(exc))
 
     def _ready(self) -> Store | None:
@@ -210,11 +219,10 @@ class PersistentLayer(Feature):
             replaces = key in self._refused
             self._held.add(key)
             self._refused.discard(key)
-            if self._writer is None:
-                self._writer = BackgroundWriter("persistent layer", MAX_QUEUED_BYTES,
-                                                progress_interval=self.context.config.progress_interval)
             writer = self._writer
-        if not writer.submit(f"writing {kind} {short_key(key)} to {self.url}", len(blob),
+        if writer is None:
+            return
+        if not writer.submit(f"writing {kind} {short_key(key)} to {shown_url(self.url)}", len(blob),
                              lambda: self._write(key, blob, replaces)):
             self._count(not_written=1)
             with self._lock:
@@ -228,27 +236,46 @@ class PersistentLayer(Feature):
         if store is None:
             self._count(not_written=1)
             return
-        if not replaces and not self._first_to_write(key):
+        marked = not replaces and self._first_to_write(key)
+        if not replaces and marked is False:
             return
         try:
             store.set(key, blob)
-        except (ConfigError, StoreError) as exc:
+        except BaseException as exc:
+            if marked:
+                self._unmark(key)
             self._count(not_written=1)
-            self._lost(exc)
-            return
+            if isinstance(exc, (ConfigError, StoreError)):
+                self._lost(exc)
+                return
+            raise
         self._count(written=1, bytes_written=len(blob))
 
-    def _first_to_write(self, key: str) -> bool:
+    def _first_to_write(self, key: str) -> bool | None:
         """Whether this rank is the job's first to write ``key``: kinds whose lookups never
         wait (AOTAutograd's entries) are published by every rank that compiles them, and
-        written once. A live store that fails or is missing leaves every rank writing."""
+        written once. ``None``: no mark was set (a live store that fails or is missing leaves
+        every rank writing)."""
         flight = self.context.flight()
         if flight is None or not flight.available:
-            return True
+            return None
+        if self._mark is None:
+            self._mark = write_mark(flight.job)
         try:
-            return flight.first_to_mark(key, _WRITE_MARK)
+            return flight.first_to_mark(key, self._mark, ttl=MARK_TTL)
         except StoreError:
-            return True
+            return None
+
+    def _unmark(self, key: str) -> None:
+        """Free this job's mark on ``key`` after its write failed: another rank, or a later
+        job, may write it."""
+        flight = self.context.flight()
+        if flight is None or self._mark is None:
+            return
+        try:
+            flight.unmark(key, self._mark)
+        except StoreError as exc:  # the mark expires with MARK_TTL where the store expires keys
+            log.debug("compile_once: could not free the persistent layer's mark on %s: %s", short_key(key), exc)
 
     def _count(self, **added: int) -> None:
         with self._lock:
@@ -259,18 +286,25 @@ class PersistentLayer(Feature):
         writer = self._writer
         if writer is None:
             return
+        timeout = self.context.config.drain_timeout
         writes, nbytes = writer.pending()
         if writes:
             log.info("compile_once: writing %d values (%.1f MB) to the persistent layer %s before exit, for up to "
-                     "%.0fs", writes, nbytes / 1e6, self.url, DRAIN_TIMEOUT.total_seconds())
+                     "%.0fs", writes, nbytes / 1e6, shown_url(self.url), timeout.total_seconds())
         started = time.monotonic()
-        drained = writer.drain(DRAIN_TIMEOUT)
+        drained = writer.drain(timeout)
         left, left_bytes = writer.pending()
         writer.close()
         if not drained:
             self._count(not_written=left)
             log.warning("compile_once: %d values (%.1f MB) not written to the persistent layer %s: still writing "
-                        "after %.0fs", left, left_bytes / 1e6, self.url, DRAIN_TIMEOUT.total_seconds())
+                        "after %.0fs", left, left_bytes / 1e6, shown_url(self.url), timeout.total_seconds())
         elif self.counts.written:
             log.info("compile_once: wrote %d values (%.1f MB) to the persistent layer %s; %.1fs at exit",
-                     self.counts.written, self.counts.bytes_written / 1e6, self.url, time.monotonic() - started)
+                     self.counts.written, self.counts.bytes_written / 1e6, shown_url(self.url),
+                     time.monotonic() - started)
+
+
+def write_mark(job: str) -> str:
+    """The mark of a value written by job ``job`` (a hash: a run id may hold any character)."""
+    return "persisted-" + hashlib.sha256(job.encode()).hexdigest()[:16]

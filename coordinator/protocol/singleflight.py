@@ -13,7 +13,7 @@ For every key the store holds at most these entries::
                      ``INLINE_VALUE_BYTES``), "published" (a larger value: read v/) or
                      "abandoned"; "moved" when claim <gen + 1> took it over
     n/<key>/<mark>   a mark set once (:meth:`Singleflight.first_to_mark`): the first
-                     process to set it learns so
+                     process to set it learns so; its setter may free it (``unmark``)
     j/<job>          the liveness key of a job whose processes hold claims
                      (``coordinator.protocol.liveness``)
 
@@ -522,8 +522,14 @@ class Singleflight:
             self._failed(error)
         self._claims.release_later(claim)
 
-    def first_to_mark(self, key: str, mark: str | int) -> bool:
+    @property
+    def job(self) -> str:
+        """The job this process's claims name (``liveness.this_job``)."""
+        return self.owner.job
+
+    def first_to_mark(self, key: str, mark: str | int, *, ttl: timedelta | None = None) -> bool:
         """Set the once-only mark ``n/<key>/<mark>``: whether this process set it first.
+        ``ttl``: how long the mark lives, where the store expires keys.
 
         Raises:
             StoreError: the store failed (the caller decides; the next publish or lookup
@@ -531,7 +537,15 @@ class Singleflight:
         """
         # A value of this call's own: a store whose create-if-absent returns the value it
         # found (the c10d store's compare_set) must not tell a second setter it was first.
-        return self.store.add_if_absent(f"n/{key}/{mark}", uuid.uuid4().hex.encode())
+        return self.store.add_if_absent(f"n/{key}/{mark}", uuid.uuid4().hex.encode(), ttl=ttl)
+
+    def unmark(self, key: str, mark: str | int) -> None:
+        """Delete the mark ``n/<key>/<mark>``, so that the next :meth:`first_to_mark` sets it.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        self.store.delete(f"n/{key}/{mark}")
 
     def abandon(self, key: str, *, publishing: bool = False) -> None:
         """Tell waiters that this process will not publish ``key``. A claim whose value is
