@@ -24,7 +24,8 @@ step at another (longer sequences; for the vision model a larger batch): a recom
 rank gets the same batches, so losses must be bitwise equal across ranks and to a run with
 no coordinator. Rank 0 writes every rank's step times, losses and Inductor's FX-graph cache
 counters to ``--json``; under ``coordinator-run`` it adds ``coordinator.stats()``, read from
-the module the launcher loaded.
+the module the launcher loaded. With ``--reference`` it also runs the same steps on a fresh
+copy of the model in eager mode and writes their losses (``ref_losses``).
 """
 
 from __future__ import annotations
@@ -106,6 +107,23 @@ def batch(name: str, size: dict, step: int, shape: int, device: torch.device) ->
     return {"input_ids": ids, "labels": ids}
 
 
+def reference_losses(name: str, size: dict, shapes: list[int], device: torch.device) -> list[float]:
+    """The job's steps on a fresh copy of the model, built from the same seed, in eager mode
+    and in this process alone: every rank gets the same batches, so the gradients a job's
+    ranks average are this process's own."""
+    torch.manual_seed(0)
+    model = build(name, size).to(device, getattr(torch, size.get("dtype", "float32"))).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for step, shape in enumerate(shapes):
+        loss = model(**batch(name, size, step, shape, device)).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
 def time_module_loads() -> list[float]:
     """Seconds spent in Inductor's ``PyCodeCache.load_by_key_path`` (loading each compiled
     graph's and kernel's Python module), appended per call."""
@@ -135,6 +153,10 @@ def main() -> None:
                    help="DDP's bucket size in MB (default: DDP's own, 25): smaller buckets, more split graphs")
     p.add_argument("--cache-per-rank", action="store_true",
                    help="each rank its own empty Inductor cache dir, as ranks on separate nodes have")
+    p.add_argument("--reference", action="store_true",
+                   help="rank 0 also runs the steps in eager mode, without DDP/FSDP or torch.compile, and "
+                        "writes their losses (ref_losses); random ops (dropout) then draw as eager does "
+                        "(Inductor's fallback_random), so the two runs' losses can be compared")
     p.add_argument("--profile", default=None, metavar="PREFIX",
                    help="profile this process with cProfile into PREFIX.rank<N>.prof (timings then include "
                         "the profiler's overhead)")
@@ -163,6 +185,10 @@ def main() -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     size = SIZES[args.size]
 
+    if args.reference:
+        from torch._inductor import config as inductor_config
+
+        inductor_config.fallback_random = True
     torch.manual_seed(0)
     model = build(args.model, size).to(device, getattr(torch, size.get("dtype", "float32"))).train()
     if args.model == "qwen-fsdp":
@@ -201,6 +227,7 @@ def main() -> None:
     from torch._dynamo.utils import calculate_time_spent, compilation_time_metrics, counters, get_compilation_metrics
 
     usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    ref_losses = reference_losses(args.model, size, shapes, device) if args.reference and rank == 0 else None
 
     coordinator = sys.modules.get("coordinator")  # loaded by coordinator-run, never imported here
     mine = {
@@ -236,6 +263,7 @@ def main() -> None:
             "model": args.model, "size": args.size, "world": world, "torch": torch.__version__,
             "step1_s": max(r["step_ends"][0] for r in everyone) - begin,
             "all_steps_s": max(r["step_ends"][-1] for r in everyone) - begin,
+            "ref_losses": [float.hex(x) for x in ref_losses] if ref_losses is not None else None,
             "ranks": everyone,
         }
         with open(args.json, "w") as f:

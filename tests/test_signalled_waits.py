@@ -13,6 +13,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from conftest import WaitSeen
 
 from coordinator.protocol.singleflight import Owner, Singleflight
 from coordinator.protocol.stores.base import TimedStore
@@ -66,7 +67,7 @@ def claimant(store: str, end: str, hold: float, lease: float = 1.0, value_size: 
 
 def waiter(url: str, calls: list, *, lease: float = 1.0, wait_timeout: float = 30.0) -> Singleflight:
 
-    store = TimedStore(open_test_store(url), lambda seconds: calls.append(seconds))
+    store = WaitSeen(open_test_store(url), lambda seconds: calls.append(seconds))
     return Singleflight(store, owner=Owner.this_process(1, JOB), lease=timedelta(seconds=lease),
                         wait_timeout=timedelta(seconds=wait_timeout), progress_interval=timedelta(seconds=30),
                         signalled_waits=True)
@@ -136,7 +137,7 @@ def test_waiters_of_a_dead_claimant_follow_the_first_to_take_over(store_spec):
     results: dict = {}
     thread = threading.Thread(target=lambda: results.setdefault("patient", patient.lookup("k", blocking=True)))
     thread.start()
-    time.sleep(0.3)
+    assert patient.store.waiting.wait(10)  # on the claim that dies
     proc.kill()
     proc.wait()
     killed = time.monotonic()

@@ -20,7 +20,7 @@ import msgpack
 import pytest
 import redis
 import torch
-from conftest import RedisServer, require_success, small_file_system
+from conftest import RedisServer, WaitSeen, require_success, small_file_system
 
 from coordinator.protocol.singleflight import Owner, Singleflight
 from coordinator.protocol.stores.base import TimedStore
@@ -42,8 +42,9 @@ def _close_flights():
 
 def flight(store, rank: int = 0, *, lease: float = 30.0, job: str = "job-b", signalled: bool = True,
            wait_timeout: float = 60.0) -> Singleflight:
-    """A process's singleflight client (of job ``job``), closed at the end of the test."""
-    made = Singleflight(store, owner=Owner.this_process(rank, job), lease=timedelta(seconds=lease),
+    """A process's singleflight client (of job ``job``), closed at the end of the test; its
+    store says when it waits on a claim (``WaitSeen``)."""
+    made = Singleflight(WaitSeen(store), owner=Owner.this_process(rank, job), lease=timedelta(seconds=lease),
                         wait_timeout=timedelta(seconds=wait_timeout), progress_interval=timedelta(seconds=30),
                         signalled_waits=signalled)
     _made.append(made)
@@ -51,7 +52,10 @@ def flight(store, rank: int = 0, *, lease: float = 30.0, job: str = "job-b", sig
 
 
 def wait_in_thread(f: Singleflight, key: str) -> tuple[threading.Thread, dict]:
+    """``f``'s blocking lookup of ``key`` in a thread; returns once the lookup waits for the
+    signals of another process's claim (or has ended without waiting)."""
     got: dict = {}
+    f.store.waiting.clear()
 
     def run():
         started = time.monotonic()
@@ -60,12 +64,20 @@ def wait_in_thread(f: Singleflight, key: str) -> tuple[threading.Thread, dict]:
 
     thread = threading.Thread(target=run)
     thread.start()
+    deadline = time.monotonic() + 30
+    while not f.store.waiting.wait(0.05) and thread.is_alive():
+        assert time.monotonic() < deadline, f"the lookup of {key} neither waited nor ended"
     return thread, got
 
 
-def set_maxmemory_below_use(server: RedisServer, by: int = 100_000) -> None:
-    """noeviction with maxmemory below what the server uses: every write is refused."""
+def set_maxmemory_below_use(server: RedisServer, by: int = 300_000) -> None:
+    """noeviction with maxmemory well below what the server uses: every write is refused.
+    A 500 kB key first, so that the limit can be that far below the use and still leave the
+    store's capacity (maxmemory less the server's startup use) above a 200 kB value: Redis
+    shrinks idle clients' buffers a few seconds later (tens of kB here), which must not
+    make room again."""
     raw = redis.Redis.from_url(server.url)
+    raw.set("test-filler", bytes(500_000))
     raw.config_set("maxmemory", raw.info("memory")["used_memory"] - by)
 
 
@@ -85,7 +97,6 @@ def test_a_claimant_whose_store_fills_up_releases_its_waiters_at_once(tmp_path, 
         assert claimant.publish("published", b"an early value")
         assert claimant.lookup("k", blocking=True).outcome == "claimed"
         thread, got = wait_in_thread(waiter, "k")
-        time.sleep(1.0)
         assert thread.is_alive()
         set_maxmemory_below_use(server)
         assert claimant.publish("k", bytes(200_000)) is False
@@ -115,7 +126,6 @@ def test_a_rank_whose_store_refuses_writes_still_waits_for_another_rank_s_claim(
         raw.config_set("maxmemory", 0)  # room again, which this rank learns only after its backoff
         assert other.lookup("x", blocking=True).outcome == "claimed"
         thread, got = wait_in_thread(full, "x")
-        time.sleep(0.3)
         assert thread.is_alive() and not full.health.writable()  # waiting, not compiling
         assert other.publish("x", b"from the other rank")
         thread.join(10)
@@ -136,7 +146,6 @@ def test_a_value_larger_than_the_store_holds_is_not_sent(tmp_path, caplog):
         for key in ("a", "b"):
             assert claimant.lookup(key, blocking=True).outcome == "claimed"
             thread, got = wait_in_thread(waiter, key)
-            time.sleep(0.5)
             with caplog.at_level(logging.WARNING, "coordinator"):
                 assert claimant.publish(key, bytes(2_000_000)) is False
             thread.join(10)
@@ -170,7 +179,6 @@ def test_a_value_evicted_before_its_waiters_read_it_is_compiled_again_at_once(re
     waiter = flight(open_test_store(redis_server.url), 1)
     assert claimant.lookup("k", blocking=True).outcome == "claimed"
     thread, got = wait_in_thread(waiter, "k")
-    time.sleep(0.5)
     assert claimant.publish("k", bytes(100_000))  # over the inline size: the waiter reads v/k
     thread.join(10)
     assert got["result"].outcome == "claimed" and got["took"] < 3, got  # not a third of the 30 s lease
@@ -213,6 +221,11 @@ def ttls(server: RedisServer) -> dict[str, int]:
     """Every key of the server and its time to live in ms (-1: none)."""
     raw = redis.Redis.from_url(server.url)
     return {key.decode().removeprefix("coordinator/"): raw.pttl(key) for key in raw.keys("*")}
+
+
+def evicted_keys(server: RedisServer) -> int:
+    """How many keys the server has evicted since it started (``INFO stats``)."""
+    return redis.Redis.from_url(server.url).info("stats")["evicted_keys"]
 
 
 def test_claims_heartbeats_and_signals_expire_with_the_lease(redis_server):
@@ -339,7 +352,6 @@ def test_an_abandoned_claim_of_a_running_job_means_compile_locally(redis_server)
     b = flight(open_test_store(redis_server.url), 1, job="job-b")
     assert a.lookup("k", blocking=True).outcome == "claimed"
     thread, got = wait_in_thread(b, "k")
-    time.sleep(0.5)
     a.abandon("k")
     thread.join(10)
     assert got["result"].outcome == "abandoned"
@@ -417,6 +429,10 @@ def test_a_full_redis_holds_no_rank_for_a_lease_in_this_job_or_the_next(job, tmp
                 assert "redis redis://" not in r.log
             if policy == "noeviction" and name == "first":
                 assert any("refuses writes" in r.log for r in results)
+            if policy == "allkeys-lru":
+                evicted = evicted_keys(server)
+                print(f"allkeys-lru after the {name} job: {evicted} keys evicted")
+                assert evicted > 0  # the first job already filled the server
         # What claims left behind expires: every key but values and their markers has a TTL.
         for key, ttl in ttls(server).items():
             assert ttl > 0 or key.split("/")[0] in ("v", "d", "n") or "#chunk/" in key, (key, ttl)
