@@ -1,4 +1,5 @@
-"""Fixtures: real Redis servers, real TCPStores, and jobs of real rank processes."""
+"""Fixtures: real Redis servers, real TCPStores, object stores' servers (moto, gcp-storage-emulator,
+Azurite) and one that never answers, and jobs of real rank processes."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.protocol.stores.base import TimedStore
 from coordinator.testing import free_port, redis_server_binary
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -91,12 +95,15 @@ class RedisServer:
 @contextlib.contextmanager
 def small_file_system(path: Path, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` (``"8m"``) mounted at ``path`` for the duration; skips the test
-    where this process may not mount one (it needs root, or CAP_SYS_ADMIN)."""
+    where this process may not mount one (it needs root, or CAP_SYS_ADMIN). CI runs as root;
+    tests/run.sh prints every skip's reason (``-rs``)."""
     path.mkdir(parents=True, exist_ok=True)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a {size} tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+        said = mounted.stderr.strip() or f"mount exited {mounted.returncode}"
+        pytest.skip(f"a full file system needs root (or CAP_SYS_ADMIN) to mount a {size} tmpfs; "
+                    f"uid {os.getuid()} could not: {said}")
     try:
         yield path
     finally:
@@ -177,12 +184,195 @@ def s3_server(tmp_path, monkeypatch):
     server.kill()
 
 
+def start_server(command: list[str], port: int, log: Path, what: str) -> subprocess.Popen:
+    """Start a server's ``command`` (its output to ``log``) and wait until it accepts
+    connections on ``port``."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"{what} did not start (see {log})") from None
+            time.sleep(0.1)
+
+
+class GCSServer:
+    """gcp-storage-emulator (a GCS server in Python, of the test extra) on a free port, in
+    memory, reached as a job reaches GCS: gcsfs over HTTP, the endpoint from
+    ``STORAGE_EMULATOR_HOST``, with no credentials (anonymous)."""
+
+    def __init__(self, workdir: Path) -> None:
+        missing = [name for name in ("gcp_storage_emulator", "gcsfs") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise RuntimeError(f"{', '.join(missing)} not installed: the GCS tests need gcp-storage-emulator and "
+                               "gcsfs (the test extra; the README's test command installs them)")
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = start_server([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+                                  "--port", str(self.port), "--in-memory"],
+                                 self.port, workdir / f"gcs-{self.port}.log", "gcp-storage-emulator")
+        #: What a process needs to reach it (no metadata server is asked for credentials).
+        self.env = {"STORAGE_EMULATOR_HOST": self.endpoint, "NO_GCE_CHECK": "true"}
+
+    def bucket(self, name: str = "coordinator-tests") -> str:
+        """Create bucket ``name``; returns its URL."""
+        from gcsfs.core import GCSFileSystem
+
+        GCSFileSystem(endpoint_url=self.endpoint, token="anon", skip_instance_cache=True).mkdir(name)
+        return f"gs://{name}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+#: Azurite's development account (its documented, well-known name and key).
+AZURITE_ACCOUNT = ("devstoreaccount1",
+                   "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==")
+
+
+def azure_connection_string(endpoint: str) -> str:
+    """A connection string to Azurite's development account at ``endpoint`` (``http://host:port``)."""
+    name, key = AZURITE_ACCOUNT
+    return (f"DefaultEndpointsProtocol=http;AccountName={name};AccountKey={key};"
+            f"BlobEndpoint={endpoint}/{name};")
+
+
+class AzureServer:
+    """Azurite's Blob service (npm's azurite, a Node.js server) on a free port, in memory,
+    reached as a job reaches Azure Blob Storage: adlfs over HTTP, the account from
+    ``AZURE_STORAGE_CONNECTION_STRING``."""
+
+    def __init__(self, workdir: Path) -> None:
+        binary = shutil.which("azurite-blob")
+        if binary is None or importlib.util.find_spec("adlfs") is None:
+            raise RuntimeError("the Azure tests need Azurite (npm install -g azurite) and adlfs (the test extra); "
+                               "the README's test command installs them")
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        # --skipApiVersionCheck: the Python client may speak a newer API version than Azurite knows.
+        self.proc = start_server([binary, "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
+                                  "--inMemoryPersistence", "--skipApiVersionCheck", "--disableTelemetry", "--silent"],
+                                 self.port, workdir / f"azurite-{self.port}.log", "Azurite")
+        #: What a process needs to reach it.
+        self.env = {"AZURE_STORAGE_CONNECTION_STRING": azure_connection_string(self.endpoint)}
+
+    def bucket(self, name: str = "coordinator-tests") -> str:
+        """Create container ``name``; returns its URL."""
+        from azure.storage.blob import BlobServiceClient
+
+        BlobServiceClient.from_connection_string(self.env["AZURE_STORAGE_CONNECTION_STRING"]).create_container(name)
+        return f"az://{name}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def gcs_server(tmp_path, monkeypatch):
+    """gcp-storage-emulator, with its endpoint in this process's environment."""
+    server = GCSServer(tmp_path)
+    for name, value in server.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def azure_server(tmp_path, monkeypatch):
+    """Azurite's Blob service, with its connection string in this process's environment."""
+    server = AzureServer(tmp_path)
+    for name, value in server.env.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    yield server
+    server.kill()
+
+
+class SilentServer:
+    """A server that accepts connections and never answers: a provider that hangs, or a
+    machine whose kernel still accepts while its server does nothing. ``connections`` counts
+    the connections it accepted (a client's tries)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self.port = self.listener.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def connections(self) -> int:
+        return len(self._held)
+
+    def _accept(self) -> None:
+        while True:  # until the listener closes
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self._held.append(client)
+
+    def close(self) -> None:
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (Linux)
+        except OSError:
+            pass
+        self.listener.close()
+        for sock in self._held:
+            sock.close()
+
+
+@pytest.fixture
+def silent_server():
+    server = SilentServer()
+    yield server
+    server.close()
+
+
 @pytest.fixture
 def tcp_store():
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
     yield store
+
+
+class WaitSeen(TimedStore):
+    """A store that sets ``waiting`` when a wait on a claim made through it waits for the
+    claimant's next signal (a ``w/`` key): the wait has read the store, and a publish or an
+    abandon from then on ends it. Tests wait for it instead of sleeping a fixed time."""
+
+    def __init__(self, inner, record=lambda seconds: None) -> None:
+        super().__init__(inner, record)
+        self.waiting = threading.Event()
+
+    def get(self, key: str) -> bytes | None:
+        if key.startswith("w/"):  # a polling wait
+            self.waiting.set()
+        return super().get(key)
+
+    @contextlib.contextmanager
+    def watch(self, prefix: str):
+        with super().watch(prefix) as watch:
+            wait = watch.wait
+
+            def waiting(key: str, timeout_s: float) -> bytes | None:
+                self.waiting.set()
+                return wait(key, timeout_s)
+
+            watch.wait = waiting
+            yield watch
 
 
 @dataclass

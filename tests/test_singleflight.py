@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import msgpack
 import pytest
+from conftest import WaitSeen
 
 from coordinator.features.tuning_steps import TuningSteps
 from coordinator.protocol.claims import claim_record
@@ -42,18 +43,19 @@ def store(request, tmp_path):
 
 
 def test_claim_wait_publish(store):
-    leader, follower = flight(store, 0), flight(store, 1)
+    leader, follower = flight(store, 0), flight(WaitSeen(store), 1)
     assert leader.lookup("k", blocking=True).outcome == "claimed"
     result = {}
     t = threading.Thread(target=lambda: result.update(r=follower.lookup("k", blocking=True)))
     t.start()
+    assert follower.store.waiting.wait(10)
     time.sleep(0.3)
     assert t.is_alive()  # waiting on the store
     leader.publish("k", b"value")
     t.join(5)
     assert result["r"].value == b"value" and result["r"].outcome == "waited"
-    # It waited for the publish: most of the 0.3 s, less the time before its wait began.
-    assert 0.2 <= result["r"].waited_s < 5
+    # It waited for the publish: waited_s counts from the lookup's start, before the 0.3 s.
+    assert 0.3 <= result["r"].waited_s < 5
     assert flight(store, 2).lookup("k", blocking=True).outcome == "hit"
     leader.close()
 
@@ -310,8 +312,10 @@ def test_killed_owner_is_taken_over_once(tmp_path):
     store = open_store(url)
     results = []
 
+    seen = [WaitSeen(store) for _ in range(3)]
+
     def wait(rank):
-        f = flight(store, rank)
+        f = flight(seen[rank], rank)
         r = f.lookup("k", blocking=True)
         results.append(r.outcome)
         if r.outcome == "claimed":
@@ -321,7 +325,8 @@ def test_killed_owner_is_taken_over_once(tmp_path):
     threads = [threading.Thread(target=wait, args=(rank,)) for rank in range(3)]
     for t in threads:
         t.start()
-    time.sleep(1.0)
+    for s in seen:  # each waits on the owner's claim before the owner dies
+        assert s.waiting.wait(20)
     owner.kill()
     owner.wait()
     for t in threads:
@@ -345,9 +350,11 @@ def test_stale_claim_from_a_dead_job_is_taken_over(tmp_path):
 
 
 def test_store_failure_means_compile_locally(redis_server):
+    from coordinator.protocol.stores.bounds import CallBounds
     from coordinator.protocol.stores.redis import RedisStore
 
-    f = flight(RedisStore(redis_server.url, timeout=timedelta(seconds=1)), 0)
+    second = timedelta(seconds=1)
+    f = flight(RedisStore(redis_server.url, bounds=CallBounds(connect=second, answer=second, tries=1)), 0)
     assert f.lookup("k", blocking=True).outcome == "claimed"
     redis_server.kill()
     assert f.publish("k", b"v") is False
@@ -361,20 +368,23 @@ def test_node_lock_is_exclusive_and_bounded(tmp_path):
 
     a, b = NodeCache(str(tmp_path)), NodeCache(str(tmp_path))
     got = []
+    held, release = threading.Event(), threading.Event()
 
     def hold():
         with a.lock("k", 5):
             got.append("a")
-            time.sleep(0.5)
+            held.set()
+            release.wait(10)
 
     t = threading.Thread(target=hold)
     t.start()
-    time.sleep(0.1)
+    assert held.wait(10)
     start = time.monotonic()
     with pytest.raises(WaitTimeout):
         with b.lock("k", 0):  # a claim holder only tries
             pass
     assert time.monotonic() - start < 0.2
+    threading.Timer(0.3, release.set).start()
     with b.lock("k", 5):  # others wait until it is free
         got.append("b")
     t.join()

@@ -12,10 +12,14 @@ import pytest
 from coordinator import ConfigError, StoreError, open_store
 from coordinator.errors import StoreFull
 from coordinator.protocol.stores.base import TimedStore
+from coordinator.protocol.stores.bounds import CallBounds
 from coordinator.protocol.stores.c10d import C10dStore
 from coordinator.protocol.stores.redis import RedisStore
 
 pytestmark = pytest.mark.protocol
+
+#: Bounds short enough for a test to wait them out.
+ONE_SECOND = CallBounds(connect=timedelta(seconds=1), answer=timedelta(seconds=1), tries=1)
 
 
 @pytest.fixture(params=["c10d", "redis", "file"])
@@ -165,11 +169,20 @@ def test_redis_password_in_url(tmp_path):
 
 
 def test_dead_redis_raises_store_error(redis_server):
-    s = RedisStore(redis_server.url, timeout=timedelta(seconds=1))
+    s = RedisStore(redis_server.url, bounds=ONE_SECOND)
     s.set("k", b"v")
     redis_server.kill()
     with pytest.raises(StoreError, match="redis GET failed"):
         s.get("k")
+
+
+def test_a_redis_server_that_never_answers_fails_a_call_within_its_bound(silent_server):
+    s = RedisStore(f"redis://127.0.0.1:{silent_server.port}/0", bounds=ONE_SECOND)
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="redis GET failed"):
+        s.get("k")
+    # 2 s for a loaded machine.
+    assert time.monotonic() - started < ONE_SECOND.longest_request().total_seconds() + 2
 
 
 def test_dead_tcp_store_raises_store_error():
@@ -196,9 +209,23 @@ def test_timed_store_reports_every_call(store):
     assert len(took) == 5 and all(seconds >= 0 for seconds in took) and sum(took) > 0
 
 
+def test_get_many_reads_values_and_absent_keys_in_order_with_a_call_per_request(store, request):
+    big = os.urandom(3 * 1024 * 1024 + 5)  # chunked on Redis (1 MiB chunks below)
+    if isinstance(store, RedisStore):
+        store = RedisStore(request.getfixturevalue("redis_server").url, chunk_bytes=1024 * 1024)
+    store.set("gm/a", b"first")
+    store.set("gm/big", big)
+    assert store.get_many(["gm/big", "gm/none", "gm/a"]) == [big, None, b"first"]
+    seconds: list[float] = []
+    timed = TimedStore(store, seconds.append)
+    assert timed.get_many(["gm/a", "gm/none"]) == [b"first", None]
+    # Redis reads them in one MGET; the others make a request a key, and count so.
+    assert len(seconds) == (1 if isinstance(store, RedisStore) else 2)
+
+
 def test_timed_store_reports_failed_calls_and_passes_the_error_on(redis_server):
     took = []
-    timed = TimedStore(RedisStore(redis_server.url, timeout=timedelta(seconds=1)), took.append)
+    timed = TimedStore(RedisStore(redis_server.url, bounds=ONE_SECOND), took.append)
     timed.set("k", b"v")
     redis_server.kill()
     with pytest.raises(StoreError, match="redis GET failed"):

@@ -14,7 +14,8 @@ The lines back off: with ``progress_interval`` P (default 10 s) they come after 
 of the lookup, so that a takeover does not start the series again.
 
 Besides the claimant's signals, a waiter looks at the store itself when no signal came
-for a while: whether the claim still exists (a claimant whose store refuses writes deletes
+for a while (one request where the store reads several keys at once: the claim, the value,
+the abandon marker): whether the claim still exists (a claimant whose store refuses writes deletes
 its claim to release it, and its signals may not have been kept), every quarter lease where
 it polls and every third where keys expire (Redis; a timed-out c10d wait is costly, and
 that store refuses no writes); and on a claim of another job, also whether that job still
@@ -136,11 +137,14 @@ class Waiter:
             looked = False
             while True:
                 if check:
-                    exists = self.store.get(f"c/{key}/{gen}") is not None if looked else True
-                    value = self.published(published, rejected)
-                    if value is not None:
+                    # One request where the store reads several keys at once; else the claim
+                    # first: a claim deleted after its publish leaves the value to the next read.
+                    keys = [f"c/{key}/{gen}"] if looked else []
+                    *claim, value, abandoned = self.store.get_many([*keys, published, f"a/{key}/{gen}"])
+                    exists = claim[0] is not None if looked else True
+                    if value is not None and value != rejected:
                         return Outcome.WAITED, value
-                    if self.store.get(f"a/{key}/{gen}") is not None:
+                    if abandoned is not None:
                         return self._abandoned(claimant)
                     if not exists:
                         log.info("%s released or lost its claim on %s; taking it over", claimant.owner, claimant.what)

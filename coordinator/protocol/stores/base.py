@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 
 from coordinator.errors import ConfigError
@@ -71,10 +71,18 @@ class Store(abc.ABC):
     live: bool = True
     #: Whether ``ttl=`` and :meth:`expire` expire keys here (else keys live until deleted).
     expires: bool = False
+    #: Whether :meth:`get_many` reads its keys in one request (else one request a key).
+    reads_at_once: bool = False
 
     @abc.abstractmethod
     def get(self, key: str) -> bytes | None:
         """Return the value of ``key``, or ``None`` if it is absent."""
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The values of ``keys`` (``None`` for an absent one): one request where the backend
+        reads several keys at once (:attr:`reads_at_once`: Redis' ``MGET``, which also reads
+        them at one instant); this default reads them one by one, in the order given."""
+        return [self.get(key) for key in keys]
 
     @abc.abstractmethod
     def set(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
@@ -188,6 +196,7 @@ class TimedStore(Store):
         self.inner = inner
         self.name = inner.name
         self.expires = inner.expires
+        self.reads_at_once = inner.reads_at_once
         self._record = record
 
     def _timed(self, fn, *args):
@@ -199,6 +208,11 @@ class TimedStore(Store):
 
     def get(self, key: str) -> bytes | None:
         return self._timed(self.inner.get, key)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        if self.inner.reads_at_once:
+            return self._timed(self.inner.get_many, keys)
+        return [self.get(key) for key in keys]  # a call each, as the store makes them
 
     def set(self, key: str, value: bytes, ttl: timedelta | None = None) -> None:
         self._timed(self.inner.set, key, value, ttl)

@@ -34,6 +34,11 @@ process that is exiting cannot start.
 **Progress.** A transfer longer than one part logs its progress every ``progress_interval``
 and a last line with its rate.
 
+**Bounded calls.** Each provider's client is made with the connect and answer timeouts and the
+tries of ``bounds.OBJECT_STORES`` (:mod:`coordinator.protocol.stores.bounds`), so that a server
+that is down, or that accepts connections and never answers, fails a call within about two
+minutes (an upload that the server stops reading midway is not bounded: that module says why).
+
 Every failure of the provider is a :class:`~coordinator.errors.StoreError` that names the URL
 and, for a missing bucket or a refused request, what to do.
 """
@@ -49,25 +54,14 @@ from urllib.parse import urlparse
 
 from coordinator.errors import ConfigError, StoreError
 from coordinator.protocol.stores.base import Store, StoredEntry, check_key
-from coordinator.settings import OBJECT_SCHEMES, check_store_url
+from coordinator.protocol.stores.bounds import OBJECT_STORES, CallBounds
+from coordinator.settings import OBJECT_SCHEMES, check_store_url, shown_url
 
 log = logging.getLogger(__name__)
 
 #: Size of one part of a multipart upload, and of one ranged read (S3's smallest part is 5 MiB).
 PART_BYTES = 64 * 1024 * 1024
 _MIN_PART_BYTES = 5 * 1024 * 1024
-
-#: What each provider's client is given beyond the defaults: bounded connects, reads and
-#: retries, so that an unreachable server fails a call in seconds, never hangs it.
-_PROVIDER_OPTIONS: dict[str, dict[str, Any]] = {
-    "s3": {"config_kwargs": {"connect_timeout": 10, "read_timeout": 30,
-                             "retries": {"max_attempts": 3, "mode": "standard"}}},
-    "gs": {},
-    "az": {},
-}
-#: s3fs's own tries of a call, on top of botocore's 3 attempts: one (its default of 5 would make
-#: a server that accepts and never answers cost a call 5 x 3 x 30 s).
-_S3FS_RETRIES = 1
 
 #: Where each provider takes its credentials from, for error messages.
 _CREDENTIALS = {
@@ -78,23 +72,84 @@ _CREDENTIALS = {
 }
 
 
-def _filesystem(scheme: str) -> Any:
-    """A provider's filesystem of our own (not fsspec's shared instance: our timeouts are
-    ours), with listings never cached (another job may have written since)."""
+def _filesystem(scheme: str, bounds: CallBounds) -> Any:
+    """A provider's filesystem of our own (not fsspec's shared instance: our bounds are ours),
+    with listings never cached (another job may have written since)."""
     try:
-        import fsspec
-
-        fs = fsspec.filesystem(scheme, skip_instance_cache=True, use_listings_cache=False,
-                               **_PROVIDER_OPTIONS[scheme])
+        return _PROVIDERS[scheme](bounds, skip_instance_cache=True, use_listings_cache=False)
     except ImportError as exc:
         module, extra = OBJECT_SCHEMES[scheme]
         raise ConfigError(f"{scheme}:// URLs need {module}: pip install \"torch-compile-coordinator[{extra}]\" "
                           f"({exc})") from None
     except Exception as exc:  # the provider's own set-up failed (a malformed profile, ...)
         raise StoreError(f"cannot set up the {scheme}:// client: {type(exc).__name__}: {exc}") from exc
-    if scheme == "s3":
-        fs.retries = _S3FS_RETRIES
+
+
+def _s3(bounds: CallBounds, **options: Any) -> Any:
+    """s3fs, with botocore's timeouts and tries (standard mode)."""
+    import s3fs
+    from aiobotocore.session import AioSession
+    from botocore.handlers import add_expect_header
+
+    session = AioSession()
+    # botocore asks for "100 Continue" before an upload's body, and aiohttp waits for that with
+    # no timeout: a server that accepts connections and never answers would hold every write.
+    session.unregister("before-call.s3", add_expect_header)
+    fs = s3fs.S3FileSystem(session=session, config_kwargs={
+        "connect_timeout": bounds.connect.total_seconds(), "read_timeout": bounds.answer.total_seconds(),
+        "retries": {"total_max_attempts": bounds.tries, "mode": "standard"}}, **options)
+    fs.retries = 1  # s3fs's own tries of a call, around botocore's: one, or the two would multiply
     return fs
+
+
+def _gcs(bounds: CallBounds, **options: Any) -> Any:
+    """gcsfs's ``GCSFileSystem`` (the JSON API over aiohttp), with aiohttp's timeouts and gcsfs's
+    tries. Not gcsfs's experimental extension for zonal and hierarchical buckets, which fsspec
+    picks by default: it asks a gRPC control API about the bucket before a call, with a minute
+    of tries of its own (and before every call where that API does not answer)."""
+    import aiohttp
+    from gcsfs.core import GCSFileSystem
+    from gcsfs.retry import retry_request
+
+    class BoundedGCSFileSystem(GCSFileSystem):
+        # gcsfs tries a request 6 times, a number its decorator fixed when the class was made.
+        _request = retry_request(retries=bounds.tries)(GCSFileSystem._request.__wrapped__)
+
+    # A number would bound each request's whole transfer; these bound its connect and silences.
+    timeout = aiohttp.ClientTimeout(sock_connect=bounds.connect.total_seconds(),
+                                    sock_read=bounds.answer.total_seconds())
+    return BoundedGCSFileSystem(requests_timeout=timeout, **options)
+
+
+def _azure(bounds: CallBounds, **options: Any) -> Any:
+    """adlfs, whose Azure client is made with our timeouts and tries (adlfs passes its own
+    timeout options to its uploads and downloads only, not to its listings or deletes)."""
+    from adlfs import AzureBlobFileSystem
+    from azure.storage.blob.aio import LinearRetry
+
+    half_pause = bounds.pause.total_seconds() / 2
+    client_options = {
+        "connection_timeout": bounds.connect.total_seconds(), "read_timeout": bounds.answer.total_seconds(),
+        "retry_policy": LinearRetry(backoff=half_pause, random_jitter_range=half_pause,
+                                    retry_total=bounds.tries - 1),
+    }
+
+    class BoundedAzureBlobFileSystem(AzureBlobFileSystem):
+        def do_connect(self) -> None:
+            super().do_connect()  # adlfs picks the account, its URL and the credential
+            made = self.service_client
+            if self.connection_string is not None:
+                self.service_client = type(made).from_connection_string(self.connection_string, **client_options)
+            else:
+                credential = self.credential if self.credential is not None else self.account_key
+                self.service_client = type(made)(made.url, credential=credential, **client_options)
+
+    return BoundedAzureBlobFileSystem(**options)
+
+
+#: How each provider's filesystem is made, by URL scheme.
+_PROVIDERS: dict[str, Callable[..., Any]] = {"s3": _s3, "gs": _gcs, "az": _azure}
+assert sorted(_PROVIDERS) == sorted(OBJECT_SCHEMES) == sorted(OBJECT_STORES)
 
 
 class ObjectStore(Store):
@@ -103,11 +158,11 @@ class ObjectStore(Store):
     live = False
 
     def __init__(self, url: str, *, part_bytes: int = PART_BYTES,
-                 progress_interval: timedelta = timedelta(seconds=10)) -> None:
+                 progress_interval: timedelta = timedelta(seconds=10), bounds: CallBounds | None = None) -> None:
         check_store_url(url)
         parsed = urlparse(url)
         if parsed.scheme not in OBJECT_SCHEMES:
-            raise ConfigError(f"{url!r} is not an object store URL")
+            raise ConfigError(f"{shown_url(url)!r} is not an object store URL")
         self.scheme, self.bucket = parsed.scheme, parsed.netloc
         prefix = parsed.path.strip("/")
         self._root = f"{self.bucket}/{prefix}" if prefix else self.bucket
@@ -115,7 +170,9 @@ class ObjectStore(Store):
         self.name = f"{self.scheme}://{self._root}"
         self.part_bytes = max(part_bytes, _MIN_PART_BYTES)
         self.progress_interval = progress_interval.total_seconds()
-        self._fs = _filesystem(self.scheme)
+        #: How long each request may wait (``coordinator.protocol.stores.bounds``).
+        self.bounds = bounds or OBJECT_STORES[self.scheme]
+        self._fs = _filesystem(self.scheme, self.bounds)
         self._bucket_checked = False
         self._told_ttl = False
 
@@ -133,7 +190,9 @@ class ObjectStore(Store):
                               f"({_CREDENTIALS[self.scheme]}) may read and write it")
         if isinstance(exc, FileNotFoundError) and not self._bucket_exists():
             return self._no_bucket()
-        return StoreError(f"{self.name}: {what} failed: {type(exc).__name__}: {exc}")
+        # fsspec's FSTimeoutError says nothing: the timeout it stands for does.
+        detail = str(exc) or str(exc.__cause__ or "")
+        return StoreError(f"{self.name}: {what} failed: {type(exc).__name__}: {detail}")
 
     def _no_bucket(self) -> StoreError:
         kind = "container" if self.scheme == "az" else "bucket"

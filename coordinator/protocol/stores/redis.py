@@ -12,6 +12,10 @@ A server at ``maxmemory`` under ``noeviction`` refuses writes with an ``OOM`` er
 :class:`~coordinator.errors.StoreFull`, and reads, deletes, ``PEXPIRE`` and ``PUBLISH`` still
 work. :meth:`RedisStore.capacity` reads ``maxmemory`` once (``INFO memory``; a server that
 refuses ``INFO`` has no known limit). redis-py is imported only when this store is chosen.
+
+Each call waits for its connection and for each answer at most what ``bounds.REDIS`` says
+(:mod:`coordinator.protocol.stores.bounds`), and is tried once; a blocking wait ends at its own
+timeout.
 """
 
 from __future__ import annotations
@@ -20,14 +24,15 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlparse
 
 from coordinator.errors import StoreError, StoreFull
 from coordinator.protocol.stores import chunks
 from coordinator.protocol.stores.base import Store, Watch, check_key, ttl_ms
+from coordinator.protocol.stores.bounds import REDIS, CallBounds
+from coordinator.settings import shown_url
 
 _UNKNOWN = object()
 
@@ -37,6 +42,7 @@ class RedisStore(Store):
 
     name = "redis"
     expires = True
+    reads_at_once = True
 
     def __init__(
         self,
@@ -44,23 +50,26 @@ class RedisStore(Store):
         *,
         chunk_bytes: int = 64 * 1024 * 1024,
         prefix: str = "coordinator/",
-        timeout: timedelta = timedelta(seconds=10),
+        bounds: CallBounds = REDIS,
     ) -> None:
         try:
             import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
         except ImportError as exc:  # pragma: no cover - redis is a declared dependency
             raise StoreError("the redis store needs redis-py: pip install redis") from exc
         self._redis_errors = (redis.exceptions.RedisError, OSError)
         self._refused = redis.exceptions.OutOfMemoryError
         self._response_error = redis.exceptions.ResponseError
-        parsed = urlparse(url)
-        # Never log the password; name the scheme once: "redis host:port/db".
-        self.name = f"{parsed.scheme} {parsed.netloc.rpartition('@')[2]}{parsed.path}"
+        scheme, _, where = shown_url(url).partition("://")
+        # Named without user, password or query, and the scheme once: "redis host:port/db".
+        self.name = f"{scheme} {where.rpartition('***@')[2].partition('?')[0].partition('#')[0]}"
         try:
             self._client = redis.Redis.from_url(
                 url,
-                socket_timeout=timeout.total_seconds(),
-                socket_connect_timeout=timeout.total_seconds(),
+                socket_connect_timeout=bounds.connect.total_seconds(),
+                socket_timeout=bounds.answer.total_seconds(),  # each send and each wait for an answer
+                retry=Retry(NoBackoff(), bounds.tries - 1),  # on a timeout or a lost connection
             )
         except ValueError as exc:  # check_store_url refuses these first
             raise StoreError(f"cannot use redis store {self.name}: {exc}") from None
@@ -92,6 +101,11 @@ class RedisStore(Store):
         if head is None:
             return None
         return chunks.join(key, head, lambda upload_id, n: self._get_chunks(key, upload_id, n))
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        heads = self._run("MGET", self._client.mget, [self._key(key) for key in keys])
+        return [None if head is None else chunks.join(key, head, lambda i, n, key=key: self._get_chunks(key, i, n))
+                for key, head in zip(keys, heads, strict=True)]
 
     def _get_chunks(self, key: str, upload_id: str, n: int) -> list[bytes | None]:
         parts = []
