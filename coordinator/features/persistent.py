@@ -93,6 +93,8 @@ class PersistentLayer(Feature):
         super().__init__(context)
         self.counts = PersistCounts()
         self.url: str | None = context.config.persist
+        #: The URL as lines name it (``shown_url``: a password as ``***``).
+        self.shown = shown_url(self.url) if self.url is not None else None
         self._store: Store | None = None
         #: Keys the layer holds (listed when it opened, and written since); values this
         #: session refused, which its own compile replaces.
@@ -155,7 +157,7 @@ class PersistentLayer(Feature):
             self.counts.failed = True
             self._store = None
         log.warning("compile_once: persistent layer %s failed, going on without it (graphs it lacks are compiled, "
-                    "and nothing more is written to it): %s", shown_url(self.url), exc)
+                    "and nothing more is written to it): %s", self.shown, exc)
         self.context.events.instant("persistent layer lost", error=str(exc))
 
     def _ready(self) -> Store | None:
@@ -222,7 +224,7 @@ class PersistentLayer(Feature):
             writer = self._writer
         if writer is None:
             return
-        if not writer.submit(f"writing {kind} {short_key(key)} to {shown_url(self.url)}", len(blob),
+        if not writer.submit(f"writing {kind} {short_key(key)} to {self.shown}", len(blob),
                              lambda: self._write(key, blob, replaces)):
             self._count(not_written=1)
             with self._lock:
@@ -236,8 +238,8 @@ class PersistentLayer(Feature):
         if store is None:
             self._count(not_written=1)
             return
-        marked = not replaces and self._first_to_write(key)
-        if not replaces and marked is False:
+        marked = None if replaces else self._first_to_write(key)
+        if marked is False:
             return
         try:
             store.set(key, blob)
@@ -245,10 +247,10 @@ class PersistentLayer(Feature):
             if marked:
                 self._unmark(key)
             self._count(not_written=1)
-            if isinstance(exc, (ConfigError, StoreError)):
-                self._lost(exc)
-                return
-            raise
+            if not isinstance(exc, (ConfigError, StoreError)):
+                raise
+            self._lost(exc)
+            return
         self._count(written=1, bytes_written=len(blob))
 
     def _first_to_write(self, key: str) -> bool | None:
@@ -290,7 +292,7 @@ class PersistentLayer(Feature):
         writes, nbytes = writer.pending()
         if writes:
             log.info("compile_once: writing %d values (%.1f MB) to the persistent layer %s before exit, for up to "
-                     "%.0fs", writes, nbytes / 1e6, shown_url(self.url), timeout.total_seconds())
+                     "%.0fs", writes, nbytes / 1e6, self.shown, timeout.total_seconds())
         started = time.monotonic()
         drained = writer.drain(timeout)
         left, left_bytes = writer.pending()
@@ -298,10 +300,10 @@ class PersistentLayer(Feature):
         if not drained:
             self._count(not_written=left)
             log.warning("compile_once: %d values (%.1f MB) not written to the persistent layer %s: still writing "
-                        "after %.0fs", left, left_bytes / 1e6, shown_url(self.url), timeout.total_seconds())
+                        "after %.0fs", left, left_bytes / 1e6, self.shown, timeout.total_seconds())
         elif self.counts.written:
             log.info("compile_once: wrote %d values (%.1f MB) to the persistent layer %s; %.1fs at exit",
-                     self.counts.written, self.counts.bytes_written / 1e6, shown_url(self.url),
+                     self.counts.written, self.counts.bytes_written / 1e6, self.shown,
                      time.monotonic() - started)
 
 
