@@ -17,11 +17,19 @@ claim whose claimant stopped is taken over by its waiters after one lease, and i
 the store a few leases later, after every key of it, so that a later claim of the same
 generation finds none of the old one's keys.
 
-A claim the process can no longer finish (its publish failed, the store refuses writes, its
-compile failed) is released (:meth:`Claims.release`): marked abandoned and its waiters
-woken, best effort; where the marker cannot be written (a store that refuses writes) the
-claim is deleted instead, which a waiter reads as the same. A release the store does not
-answer is retried by the heartbeat thread for a lease (:meth:`Claims.release_later`).
+:class:`Claims` is the one owner of a claim's end, whichever way it ends:
+
+* published (:meth:`Claims.published`): after the value is written, the end signal (carrying
+  a small value), the "done" marker, then the claim's own keys deleted;
+* published by another process meanwhile (:meth:`Claims.drop`);
+* handed off (:meth:`Claims.hand_off`): the value is computed and only its writing is left,
+  which ends without waiting on anything;
+* abandoned (:meth:`Claims.abandon`): a claim the process can no longer finish (its publish
+  failed, the store refuses writes, its compile failed) is marked abandoned and its waiters
+  woken, best effort; where the marker cannot be written (a store that refuses writes) the
+  claim is deleted instead, which a waiter reads as the same. A release the store does not
+  answer, or that is asked while the store is in its backoff, is retried by the heartbeat
+  thread for a lease.
 """
 
 from __future__ import annotations
@@ -128,18 +136,20 @@ class Claims:
     """The claims this process holds in one store (by key), their creation, end signal,
     release and deletion, and the heartbeat that keeps them alive.
 
-    ``on_error`` hears of every store failure the heartbeat thread meets, ``on_success``
-    of each round of it that met none.
+    ``on_error`` hears of every store failure met while ending a claim or beating,
+    ``on_success`` of each heartbeat round that met none; ``reachable`` tells whether the
+    store may be asked now (else a release waits for the heartbeat thread).
     """
 
     def __init__(self, store: Store, owner: Owner, lease_s: float, liveness: JobLiveness, *,
                  on_error: Callable[[StoreError], None] = lambda exc: None,
-                 on_success: Callable[[], None] = lambda: None) -> None:
+                 on_success: Callable[[], None] = lambda: None,
+                 reachable: Callable[[], bool] = lambda: True) -> None:
         self.store = store
         self.owner = owner
         self.lease = lease_s
         self.liveness = liveness
-        self.on_error, self.on_success = on_error, on_success
+        self.on_error, self.on_success, self.reachable = on_error, on_success, reachable
         expires = store.expires
         self.claim_ttl = timedelta(seconds=lease_s * CLAIM_TTL_LEASES) if expires else None
         self.keys_ttl = timedelta(seconds=lease_s * KEYS_TTL_LEASES) if expires else None
@@ -209,13 +219,54 @@ class Claims:
         for n in range(max(beats, 1), beats + 2):
             self.store.signal(f"w/{at}/{gen}/{n}", MOVED, ttl=self.keys_ttl)
 
-    def signal_end(self, claim: Claim, signal: bytes) -> None:
-        """Wake this claim's waiters with how it ended (the value, "published" or
-        "abandoned"); no heartbeat follows."""
+    # -- a claim's end ---------------------------------------------------------------
+
+    def published(self, key: str, value: bytes) -> StoreError | None:
+        """End ``key``'s claim after its value was written to ``v/<key>``: the end signal
+        (carrying a value of up to ``INLINE_VALUE_BYTES``), the "done" marker ``d/<key>``,
+        then the claim's own keys deleted, so that a woken waiter finds everything it reads
+        already written. The marker is written even where this process held no claim (an
+        offer's copy). Returns the store's error if the signal or the marker failed."""
+        claim = self.pop(key)
+        error: StoreError | None = None
+        try:
+            if claim is not None:
+                self._signal_end(claim, VALUE + value if len(value) <= INLINE_VALUE_BYTES else PUBLISHED)
+            self.store.set(f"d/{key}", b"1")
+        except StoreError as exc:
+            error = exc
+        if claim is not None:
+            self._delete(key, claim)
+        return error
+
+    def drop(self, key: str) -> None:
+        """End a claim whose value another process published meanwhile."""
+        claim = self.pop(key)
+        if claim is None:
+            return
+        try:
+            self._signal_end(claim, PUBLISHED)
+        except StoreError as exc:
+            log.debug("could not signal the end of claim on %s: %s", key, exc)
+        self._delete(key, claim)
+
+    def abandon(self, key: str, *, publishing: bool = True) -> None:
+        """Release ``key``'s claim, which this process will not finish: at once where the
+        store may be asked, else (or where it fails) from the heartbeat thread. A claim being
+        written behind the compile is left to that write unless ``publishing``."""
+        claim = self.pop(key, publishing=publishing)
+        if claim is None:
+            return
+        if self.reachable():
+            error = self.release(claim)
+            if error is None:
+                return
+            self.on_error(error)
         with claim.lock:
-            claim.ended = True
-            slot = claim.beats + 1
-        self.store.signal(f"w/{claim.at}/{claim.gen}/{slot}", signal, ttl=self.keys_ttl)
+            claim.ended = True  # no more beats: nothing will finish it
+        with self.lock:
+            self.releasing.append((claim, time.monotonic() + self.lease))
+        self.heartbeat.ensure_running()
 
     def release(self, claim: Claim) -> StoreError | None:
         """Mark ``claim`` abandoned and wake its waiters, best effort; where the marker
@@ -229,7 +280,7 @@ class Claims:
         except StoreError as exc:
             error = exc
         try:
-            self.signal_end(claim, ABANDONED)
+            self._signal_end(claim, ABANDONED)
         except StoreError as exc:
             error = error or exc
         if not ended:
@@ -243,27 +294,15 @@ class Claims:
             return None
         return error
 
-    def release_later(self, claim: Claim) -> None:
-        """Leave ``claim``'s release to the heartbeat thread, which tries it at each beat
-        for a lease (its waiters judge the lease by then)."""
+    def _signal_end(self, claim: Claim, signal: bytes) -> None:
+        """Wake this claim's waiters with how it ended (the value, "published" or
+        "abandoned"); no heartbeat follows."""
         with claim.lock:
-            claim.ended = True  # no more beats: nothing will finish it
-        with self.lock:
-            self.releasing.append((claim, time.monotonic() + self.lease))
-        self.heartbeat.ensure_running()
+            claim.ended = True
+            slot = claim.beats + 1
+        self.store.signal(f"w/{claim.at}/{claim.gen}/{slot}", signal, ttl=self.keys_ttl)
 
-    def drop(self, key: str) -> None:
-        """Release a claim whose value another process published meanwhile."""
-        claim = self.pop(key)
-        if claim is None:
-            return
-        try:
-            self.signal_end(claim, PUBLISHED)
-        except StoreError as exc:
-            log.debug("could not signal the end of claim on %s: %s", key, exc)
-        self.delete(key, claim)
-
-    def delete(self, key: str, claim: Claim) -> None:
+    def _delete(self, key: str, claim: Claim) -> None:
         try:
             self.store.delete(f"c/{claim.at}/{claim.gen}")
             self.store.delete(f"h/{claim.at}/{claim.gen}")

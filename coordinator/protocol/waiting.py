@@ -42,17 +42,17 @@ from coordinator.protocol.stores.base import PollingWatch, Store
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(kw_only=True, eq=False)
 class Waiter:
     """Waits of one process on the claims of others in one store."""
 
-    def __init__(self, store: Store, *, lease_s: float, wait_timeout_s: float, progress_interval_s: float,
-                 signalled_waits: bool, liveness: JobLiveness | None = None) -> None:
-        self.store = store
-        self.liveness = liveness
-        self.lease = lease_s
-        self.wait_timeout = wait_timeout_s
-        self.progress_interval = progress_interval_s
-        self.signalled_waits = signalled_waits
+    store: Store = dataclasses.field(kw_only=False)
+    lease_s: float
+    wait_timeout_s: float
+    progress_interval_s: float
+    #: Block on the claimant's signals where the store can; False polls them.
+    signalled_waits: bool
+    liveness: JobLiveness | None = None
 
     def published(self, published: str, rejected: bytes | None) -> bytes | None:
         """Store key ``published``'s value, unless it is the ``rejected`` one."""
@@ -87,7 +87,7 @@ class Waiter:
     def progress_due(self, waited_s: float) -> float:
         """When the next progress line is due, in seconds of waiting, after ``waited_s``:
         the first of P, 3P, 6P, 12P, 18P, ... (P: ``progress_interval``) past it."""
-        interval = self.progress_interval
+        interval = self.progress_interval_s
         for multiple in (1, 3, 6):
             if waited_s < multiple * interval:
                 return multiple * interval
@@ -103,9 +103,9 @@ class Waiter:
             log.warning("lease of %s on %s expired (no heartbeat for %.1fs); taking over",
                         claimant.owner, claimant.what, now - last_change)
             return Outcome.EXPIRED, next_progress
-        if now - started > self.wait_timeout:
+        if now - started > self.wait_timeout_s:
             log.warning("waited %.0fs on %s for %s, past the %.0fs deadline; compiling locally",
-                        now - started, claimant.owner, claimant.what, self.wait_timeout)
+                        now - started, claimant.owner, claimant.what, self.wait_timeout_s)
             return Outcome.DEADLINE, next_progress
         if now >= next_progress:
             log.info("waiting on %s for %s: %s so far, last heartbeat %.1fs ago",
@@ -122,48 +122,34 @@ class Waiter:
         last_change = time.monotonic()
         next_progress = started + self.progress_due(last_change - started)
         check = True
-        wants_value = published.startswith("v/")
         # Waiters of a dead claimant judge it at different moments: the first takes over
         # and signals "moved", which ends the others' waits before they time out.
-        lease = self.lease * (1 + random.uniform(0, 0.1))
+        lease = self.lease_s * (1 + random.uniform(0, 0.1))
         watching = (self.store.watch(f"w/{key}/{gen}") if self.signalled_waits
                     else contextlib.nullcontext(PollingWatch(self.store)))
         with watching as watch:
             # Where it polls, the waiter also sees a claim deleted; on another job's claim,
             # where keys expire, that the job is gone (a blocking c10d wait never times out early).
-            look_every = (self.lease / 8 if other is not None and self.store.expires
-                          else self.lease / 4 if not watch.blocking
-                          else self.lease / 3 if self.store.expires else None)
+            look_every = (self.lease_s / 8 if other is not None and self.store.expires
+                          else self.lease_s / 4 if not watch.blocking
+                          else self.lease_s / 3 if self.store.expires else None)
             looked = False
             while True:
                 if check:
-                    # One request where the store reads several keys at once; else the claim
-                    # first: a claim deleted after its publish leaves the value to the next read.
-                    keys = [f"c/{key}/{gen}"] if looked else []
-                    *claim, value, abandoned = self.store.get_many([*keys, published, f"a/{key}/{gen}"])
-                    exists = claim[0] is not None if looked else True
-                    if value is not None and value != rejected:
-                        return Outcome.WAITED, value
-                    if abandoned is not None:
-                        return self._abandoned(claimant)
-                    if not exists:
-                        log.info("%s released or lost its claim on %s; taking it over", claimant.owner, claimant.what)
-                        return Outcome.EXPIRED, None
-                    if looked and other is not None and self.liveness.gone(other):
-                        log.info("%s on %s belongs to job %s, which has ended; taking over",
-                                 claimant.owner, claimant.what, other)
-                        return Outcome.EXPIRED, None
+                    ended = self._look(key, gen, published, rejected, claimant, other, looked)
+                    if ended is not None:
+                        return ended
                     check = looked = False
                 now = time.monotonic()
-                ended, next_progress = self._judge(claimant, started, last_change, next_progress, now, lease=lease)
-                if ended:
-                    if ended == Outcome.EXPIRED and other is not None:
+                outcome, next_progress = self._judge(claimant, started, last_change, next_progress, now, lease=lease)
+                if outcome:
+                    if outcome == Outcome.EXPIRED and other is not None:
                         self.liveness.lapsed(other, seen)
-                    return ended, None
+                    return outcome, None
                 # No timeout for the progress line: a live claimant signals every lease/4,
                 # and each signal brings the judgement round again. A timed-out c10d wait
                 # is costly (TCPStore cancels it and logs a warning).
-                timeout = min(last_change + lease, started + self.wait_timeout) - now
+                timeout = min(last_change + lease, started + self.wait_timeout_s) - now
                 looking = look_every is not None and timeout > look_every
                 signal = watch.wait(f"w/{key}/{gen}/{beats + 1}",
                                     max(look_every if looking else timeout, 0.0) + 0.001)
@@ -172,28 +158,55 @@ class Waiter:
                     continue
                 beats += 1
                 last_change = time.monotonic()
-                if signal == BEAT:
-                    continue
-                if signal.startswith(VALUE):
-                    return Outcome.WAITED, signal[len(VALUE):]
-                if signal == ABANDONED:
-                    return self._abandoned(claimant)
-                if signal == MOVED:
-                    log.info("the claim of %s on %s was taken over; following the new claimant",
-                             claimant.owner, claimant.what)
-                    return Outcome.EXPIRED, None
-                if signal == PUBLISHED and not wants_value:
-                    return Outcome.WAITED, None  # an offer: the value is published, d/ follows it
-                if signal == PUBLISHED:  # the value is in v/, written before the signal
-                    value = self.published(published, rejected)
-                    if value is not None:
-                        return Outcome.WAITED, value
-                    # Evicted (Redis at maxmemory) or replaced since: nobody will publish it now.
-                    log.info("%s published %s, but the store no longer holds it; taking it over",
-                             claimant.owner, claimant.what)
-                    return Outcome.EXPIRED, None
+                ended = self._ended_by(signal, claimant, published, rejected)
+                if ended is not None:
+                    return ended
                 # A signal this version does not know: read the store, as a poll would.
-                check = True
+                check = signal != BEAT
+
+    def _look(self, key: str, gen: int, published: str, rejected: bytes | None, claimant: _Claimant,
+              other: str | None, looked: bool) -> tuple[Outcome, bytes | None] | None:
+        """Read the store for how the wait ends (the value, the abandon marker, and with
+        ``looked`` the claim itself and whether job ``other`` still runs), or ``None``."""
+        # One request where the store reads several keys at once; else the claim
+        # first: a claim deleted after its publish leaves the value to the next read.
+        keys = [f"c/{key}/{gen}"] if looked else []
+        *claim, value, abandoned = self.store.get_many([*keys, published, f"a/{key}/{gen}"])
+        if value is not None and value != rejected:
+            return Outcome.WAITED, value
+        if abandoned is not None:
+            return self._abandoned(claimant)
+        if looked and claim[0] is None:
+            log.info("%s released or lost its claim on %s; taking it over", claimant.owner, claimant.what)
+            return Outcome.EXPIRED, None
+        if looked and other is not None and self.liveness.gone(other):
+            log.info("%s on %s belongs to job %s, which has ended; taking over", claimant.owner, claimant.what, other)
+            return Outcome.EXPIRED, None
+        return None
+
+    def _ended_by(self, signal: bytes, claimant: _Claimant, published: str,
+                  rejected: bytes | None) -> tuple[Outcome, bytes | None] | None:
+        """How the claimant's ``signal`` ends the wait, or ``None`` (a beat, or a signal
+        this version does not know)."""
+        if signal.startswith(VALUE):
+            return Outcome.WAITED, signal[len(VALUE):]
+        if signal == ABANDONED:
+            return self._abandoned(claimant)
+        if signal == MOVED:
+            log.info("the claim of %s on %s was taken over; following the new claimant",
+                     claimant.owner, claimant.what)
+            return Outcome.EXPIRED, None
+        if signal == PUBLISHED and not published.startswith("v/"):
+            return Outcome.WAITED, None  # an offer: the value is published, d/ follows it
+        if signal == PUBLISHED:  # the value is in v/, written before the signal
+            value = self.published(published, rejected)
+            if value is not None:
+                return Outcome.WAITED, value
+            # Evicted (Redis at maxmemory) or replaced since: nobody will publish it now.
+            log.info("%s published %s, but the store no longer holds it; taking it over",
+                     claimant.owner, claimant.what)
+            return Outcome.EXPIRED, None
+        return None
 
     @staticmethod
     def _abandoned(claimant: _Claimant) -> tuple[Outcome, None]:
