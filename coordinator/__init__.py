@@ -5,9 +5,7 @@ store and loads the result instead of compiling. See ``compile_once``.
 """
 
 from coordinator.api import compile_once, enable_from_env, stats
-from coordinator.api import current_session as _current_session
 from coordinator.bundles import broadcast_bundle, load_bundle, save_bundle
-from coordinator.bundles.keys import use_session_lookup
 from coordinator.errors import (
     ConfigError,
     CoordinatorError,
@@ -20,27 +18,9 @@ from coordinator.protocol.fingerprint import environment, fingerprint
 from coordinator.protocol.stores import Store, open_store
 from coordinator.settings import CACHE_KINDS, Config
 
-# Bundle functions called without a session's settings use the active compile_once's.
-use_session_lookup(_current_session)
-
 __all__ = [
-    "CACHE_KINDS",
-    "Config",
-    "ConfigError",
-    "CoordinatorError",
-    "EnvironmentMismatch",
-    "IntegrityError",
-    "Store",
-    "StoreError",
-    "WaitTimeout",
-    "broadcast_bundle",
-    "compile_once",
-    "enable_from_env",
-    "environment",
-    "load_bundle",
-    "save_bundle",
-    "fingerprint",
-    "open_store",
-    "stats",
+    "CACHE_KINDS", "Config", "ConfigError", "CoordinatorError", "EnvironmentMismatch", "IntegrityError", "Store",
+    "StoreError", "WaitTimeout", "broadcast_bundle", "compile_once", "enable_from_env", "environment",
+    "load_bundle", "save_bundle", "fingerprint", "open_store", "stats",
 ]
 __version__ = "0.1.0"

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from coordinator.bundles.keys import use_session_lookup
 from coordinator.errors import ConfigError
 from coordinator.inductor import route_caches
 from coordinator.observe.logs import show_coordinator_logs, show_logs_unless_configured
@@ -110,6 +111,10 @@ def _rank_for_logs() -> int | None:
 def current_session() -> Session | None:
     """The active ``compile_once`` session, or the last one to exit, if any."""
     return _active or _last
+
+
+# Bundle functions called without a session's settings use the active compile_once's.
+use_session_lookup(current_session)
 
 
 def stats() -> dict:

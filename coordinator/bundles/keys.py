@@ -6,7 +6,7 @@ namespace (``coordinator.protocol.fingerprint.key_prefix``), so that a job only 
 bundles it can install and verify.
 
 The secret and namespace come from the arguments, else the ``config`` the caller
-passes (a session's), else the session :func:`use_session_lookup` finds (``coordinator``
+passes (a session's), else the session :func:`use_session_lookup` finds (``coordinator.api``
 sets it to ``current_session``: the active ``compile_once``, or the last to exit), else
 the settings' environment variables.
 """
@@ -39,7 +39,7 @@ _session_lookup: Callable[[], BundleSession | None] = lambda: None  # noqa: E731
 
 def use_session_lookup(lookup: Callable[[], BundleSession | None]) -> None:
     """Where a bundle function called with no ``config`` and no ``kernels`` finds the
-    session whose settings and kernels it uses (``coordinator`` passes ``current_session``)."""
+    session whose settings and kernels it uses (``coordinator.api`` passes ``current_session``)."""
     global _session_lookup
     _session_lookup = lookup
 
