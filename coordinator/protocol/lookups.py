@@ -46,20 +46,19 @@ def _unavailable() -> LookupResult:
     return LookupResult(None, Outcome.UNAVAILABLE)
 
 
+@dataclasses.dataclass(eq=False)
 class Lookups:
     """One process's lookups, offers and follows of keys in one store."""
 
-    def __init__(self, store: Store, claims: Claims, waiter: Waiter, health: StoreHealth, events: NoEvents,
-                 describe: Callable[[str], str] | None) -> None:
-        self.store = store
-        self.claims = claims
-        self.waiter = waiter
-        self.health = health
-        self.events = events
-        #: ``describe(key)``: what this process computes for ``key``, in words, for the
-        #: record of a claim it takes, unless the lookup says (``what=``).
-        self.describe = describe
-        self._thread = threading.local()
+    store: Store
+    claims: Claims
+    waiter: Waiter
+    health: StoreHealth
+    events: NoEvents
+    #: ``describe(key)``: what this process computes for ``key``, in words, for the
+    #: record of a claim it takes, unless the lookup says (``what=``).
+    describe: Callable[[str], str] | None
+    _thread: threading.local = dataclasses.field(default_factory=threading.local, init=False)
 
     def asked(self, ask: Callable[[], _T], unavailable: _T) -> _T:
         """``ask()``'s answer, or ``unavailable`` where the store is in its backoff or fails

@@ -12,6 +12,7 @@ describes the protocol.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable
@@ -26,17 +27,17 @@ from coordinator.protocol.writer import BackgroundWriter
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(eq=False)
 class Publisher:
     """One process's writes of the values it claimed, and its claims' abandonment."""
 
-    def __init__(self, store: Store, claims: Claims, health: StoreHealth, writer: BackgroundWriter | None) -> None:
-        self.store = store
-        self.claims = claims
-        self.health = health
-        #: Where :meth:`publish_behind` writes run (``None``: in the caller's thread).
-        self.writer = writer
-        self._told_full = False
-        self._told_too_large = False
+    store: Store
+    claims: Claims
+    health: StoreHealth
+    #: Where :meth:`publish_behind` writes run (``None``: in the caller's thread).
+    writer: BackgroundWriter | None
+    _told_full: bool = dataclasses.field(default=False, init=False)
+    _told_too_large: bool = dataclasses.field(default=False, init=False)
 
     def publish(self, key: str, value: bytes) -> bool:
         """See :meth:`coordinator.protocol.singleflight.Singleflight.publish`."""
