@@ -405,13 +405,34 @@ def split_frames(before_chain: Callable[[SplitFrame], None],
     the chain ends (``began``: the ``time.time()`` of the split); and keep, for an
     out-of-order compile, the function that saves its AOTAutograd entry."""
     from torch._dynamo.backends.distributed import SubmodCompiler
-    from torch._dynamo.utils import counters
     from torch._functorch._aot_autograd import graph_compile
 
     original_run = SubmodCompiler.__dict__["run"] if "run" in SubmodCompiler.__dict__ else None
-    base_run = SubmodCompiler.run
     original_compile_submod = SubmodCompiler.__dict__["compile_submod"]
     original_cache_info = graph_compile.__dict__["_cache_autograd_info"]
+    run = _splitting_run(SubmodCompiler.run, before_chain, chain_ended)
+    compile_submod = _marking_compile_submod(original_compile_submod, chain_compiled)
+    cache_autograd_info = _capturing_cache_info(original_cache_info)
+
+    SubmodCompiler.run = run
+    SubmodCompiler.compile_submod = compile_submod
+    setattr(SubmodCompiler, _ORIGINAL_COMPILE_SUBMOD, original_compile_submod)
+    graph_compile._cache_autograd_info = cache_autograd_info
+    try:
+        yield
+    finally:
+        if original_run is None:
+            del SubmodCompiler.run
+        else:
+            SubmodCompiler.run = original_run
+        SubmodCompiler.compile_submod = original_compile_submod
+        delattr(SubmodCompiler, _ORIGINAL_COMPILE_SUBMOD)
+        graph_compile._cache_autograd_info = original_cache_info
+
+
+def _splitting_run(base_run: Callable[..., Any], before_chain: Callable[[SplitFrame], None],
+                   chain_ended: Callable[[SplitFrame, float], None] | None) -> Callable[..., Any]:
+    """``SubmodCompiler.run``, patched: ``before_chain`` before the chain, ``chain_ended`` after."""
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         began = time.time()
@@ -424,6 +445,15 @@ def split_frames(before_chain: Callable[[SplitFrame], None],
         finally:
             if len(frame) > 1 and chain_ended is not None:
                 chain_ended(frame, began)
+
+    return run
+
+
+def _marking_compile_submod(original_compile_submod: Callable[..., Any],
+                            chain_compiled: Callable[[SplitFrame, int, bool], None] | None) -> Callable[..., Any]:
+    """``SubmodCompiler.compile_submod``, patched: the chain's position while it compiles
+    (:func:`chain_position`), and ``chain_compiled`` after."""
+    from torch._dynamo.utils import counters
 
     def compile_submod(self: Any, input_mod: Any, args: Any, kwargs: Any) -> Any:
         frame = getattr(self, "_coordinator_frame", None)
@@ -441,6 +471,13 @@ def split_frames(before_chain: Callable[[SplitFrame], None],
             chain_compiled(frame, index, counters["aot_autograd"].get("autograd_cache_hit", 0) > hits)
         return compiled
 
+    return compile_submod
+
+
+def _capturing_cache_info(original_cache_info: Callable[..., Any]) -> Callable[..., Any]:
+    """``_cache_autograd_info``, patched: an out-of-order compile's capture keeps the
+    function that saves its AOTAutograd entry."""
+
     def cache_autograd_info(*args: Any, **kwargs: Any) -> Any:
         save, entry = original_cache_info(*args, **kwargs)
         capture = getattr(_thread, "capture", None)
@@ -449,17 +486,4 @@ def split_frames(before_chain: Callable[[SplitFrame], None],
             capture.saved = entry is not None
         return save, entry
 
-    SubmodCompiler.run = run
-    SubmodCompiler.compile_submod = compile_submod
-    setattr(SubmodCompiler, _ORIGINAL_COMPILE_SUBMOD, original_compile_submod)
-    graph_compile._cache_autograd_info = cache_autograd_info
-    try:
-        yield
-    finally:
-        if original_run is None:
-            del SubmodCompiler.run
-        else:
-            SubmodCompiler.run = original_run
-        SubmodCompiler.compile_submod = original_compile_submod
-        delattr(SubmodCompiler, _ORIGINAL_COMPILE_SUBMOD)
-        graph_compile._cache_autograd_info = original_cache_info
+    return cache_autograd_info

@@ -158,15 +158,25 @@ def split_selections(wants: Callable[[], bool],
         log.debug("split tuning: %s; selections are tuned as Inductor tunes them", reason)
         yield
         return
-    import torch
     from torch._inductor import select_algorithm
 
     cache = select_algorithm.AlgorithmSelectorCache
     original_make = cache.__dict__["make_precompile_fn"]
     original_tune = cache.__dict__["do_autotuning"]
+    make_precompile_fn = _deferring_make(original_make, wants)
+    do_autotuning = _tuning_in_shares(original_tune, select_algorithm, tune)
+    cache.make_precompile_fn = make_precompile_fn
+    cache.do_autotuning = do_autotuning
+    try:
+        yield
+    finally:
+        cache.make_precompile_fn = original_make
+        cache.do_autotuning = original_tune
+
+
+def _deferring_make(original_make: Callable[..., Any], wants: Callable[[], bool]) -> Callable[..., Any]:
+    """``make_precompile_fn``, patched: a :class:`DeferredPrecompile` where ``wants()``."""
     make_signature = inspect.signature(original_make)
-    tune_signature = inspect.signature(original_tune)
-    no_valid_choices = select_algorithm.NoValidChoicesError
 
     @functools.wraps(original_make)
     def make_precompile_fn(self, *args, **kwargs):
@@ -185,6 +195,15 @@ def split_selections(wants: Callable[[], bool],
         arguments["choices"] = list(arguments["choices"])
         return DeferredPrecompile(original_make, self, arguments)
 
+    return make_precompile_fn
+
+
+def _tuning_in_shares(original_tune: Callable[..., Any], select_algorithm: Any,
+                      tune: Callable[[Selection], dict[int, float] | None]) -> Callable[..., Any]:
+    """``do_autotuning``, patched: a deferred precompile's selection timed by ``tune``."""
+    tune_signature = inspect.signature(original_tune)
+    no_valid_choices = select_algorithm.NoValidChoicesError
+
     @functools.wraps(original_tune)
     def do_autotuning(self, *args, **kwargs):
         bound = tune_signature.bind(self, *args, **kwargs)
@@ -197,7 +216,8 @@ def split_selections(wants: Callable[[], bool],
         if (arguments.get("hint_override") is None and arguments.get("best_config_future") is None
                 and not arguments.get("is_collective") and not _pipelined(select_algorithm)
                 and len(choices) > 1):
-            timings = _tuned(self, bound, choices, deferred)
+            selection = _selection(bound, choices, deferred, original_tune, no_valid_choices)
+            timings = _tuned(tune, selection, choices, arguments["name"])
         if timings is None:
             arguments["precompile_fn"] = deferred.start(choices)
             return original_tune(*bound.args, **bound.kwargs)
@@ -205,43 +225,48 @@ def split_selections(wants: Callable[[], bool],
             raise no_valid_choices
         return timings
 
-    def _tuned(owner: Any, bound: inspect.BoundArguments, choices: list, deferred: DeferredPrecompile):
-        arguments = bound.arguments
-        name, inputs_key = arguments["name"], arguments["inputs_key"]
-        hashes = [_digest(choice.hash_key()) for choice in choices]
-        key = _digest("\0".join([str(name), str(inputs_key), torch.get_float32_matmul_precision(), *sorted(hashes)]))
+    return do_autotuning
 
-        def benchmark(indices: list[int]) -> dict[int, float]:
-            subset = [choices[i] for i in indices]
-            share = inspect.BoundArguments(bound.signature, bound.arguments.copy())
-            share.arguments["choices"] = subset
-            share.arguments["precompile_fn"] = deferred.start(subset)
-            try:
-                with _original_calls():
-                    measured = original_tune(*share.args, **share.kwargs)
-            except no_valid_choices:
-                measured = {}
-            by_choice = {id(choice): timing for choice, timing in (measured or {}).items()}
-            return {i: float(by_choice.get(id(choices[i]), math.inf)) for i in indices}
 
-        selection = Selection(key, [str(getattr(choice, "name", "?")) for choice in choices], hashes, benchmark)
+def _selection(bound: inspect.BoundArguments, choices: list, deferred: DeferredPrecompile,
+               original_tune: Callable[..., Any], no_valid_choices: type[Exception]) -> Selection:
+    """The :class:`Selection` of ``do_autotuning``'s arguments ``bound``: its ``benchmark``
+    runs Inductor's ``do_autotuning`` on some choices alone."""
+    import torch
+
+    arguments = bound.arguments
+    name, inputs_key = arguments["name"], arguments["inputs_key"]
+    hashes = [_digest(choice.hash_key()) for choice in choices]
+    key = _digest("\0".join([str(name), str(inputs_key), torch.get_float32_matmul_precision(), *sorted(hashes)]))
+
+    def benchmark(indices: list[int]) -> dict[int, float]:
+        subset = [choices[i] for i in indices]
+        share = inspect.BoundArguments(bound.signature, bound.arguments.copy())
+        share.arguments["choices"] = subset
+        share.arguments["precompile_fn"] = deferred.start(subset)
         try:
-            result = tune(selection)
-        except Exception:
-            log.warning("compile_once: tuning a %s selection in shares failed; it is tuned here as Inductor tunes "
-                        "it", name, exc_info=True)
-            return None
-        if result is None:
-            return None
-        return {choices[i]: result[i] for i in result}
+            with _original_calls():
+                measured = original_tune(*share.args, **share.kwargs)
+        except no_valid_choices:
+            measured = {}
+        by_choice = {id(choice): timing for choice, timing in (measured or {}).items()}
+        return {i: float(by_choice.get(id(choices[i]), math.inf)) for i in indices}
 
-    cache.make_precompile_fn = make_precompile_fn
-    cache.do_autotuning = do_autotuning
+    return Selection(key, [str(getattr(choice, "name", "?")) for choice in choices], hashes, benchmark)
+
+
+def _tuned(tune: Callable[[Selection], dict[int, float] | None], selection: Selection, choices: list,
+           name: Any) -> dict[Any, float] | None:
+    """``tune``'s timings of ``selection``, by choice (``None``: tune it as Inductor does)."""
     try:
-        yield
-    finally:
-        cache.make_precompile_fn = original_make
-        cache.do_autotuning = original_tune
+        result = tune(selection)
+    except Exception:
+        log.warning("compile_once: tuning a %s selection in shares failed; it is tuned here as Inductor tunes "
+                    "it", name, exc_info=True)
+        return None
+    if result is None:
+        return None
+    return {choices[i]: result[i] for i in result}
 
 
 def gpu_identity() -> tuple[str | None, str]:
