@@ -26,11 +26,7 @@ table, command and machine into ``benchmarks/RESULTS.md`` (its own marked sectio
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import os
-import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,8 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-JOB = ROOT / "benchmarks" / "cold_start_job.py"
+import common
+
 ROWS = {  # row name -> (job method, uses redis as the store)
     "(a) every rank compiles": ("alone", False),
     "(b) Inductor remote caches on Redis": ("inductor-redis", True),
@@ -83,121 +79,18 @@ class Redis:
         self.proc.wait()
 
 
-class JobTimedOut(Exception):
-    """A job still running at its deadline; it and its ranks were killed."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"still running after {seconds:.0f} s; killed")
-        self.seconds = seconds
-
-
-def cpu_busy_seconds() -> float | None:
-    """CPU seconds all cores of this machine spent busy since boot (``/proc/stat``), or None."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
-        return None
-    user, nice, system, idle, iowait, irq, softirq, steal = (int(f) for f in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-class GpuSampler:
-    """Mean GPU utilization (percent, summed over GPUs) from ``nvidia-smi`` once a second, or None."""
-
-    def __init__(self) -> None:
-        try:
-            query = ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits", "-lms", "1000"]
-            self.proc = subprocess.Popen(query, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        except OSError:
-            self.proc = None
-
-    def stop(self) -> float | None:
-        if self.proc is None:
-            return None
-        self.proc.terminate()
-        out, _ = self.proc.communicate()
-        rows = [line.split(",") for line in out.splitlines() if line.count(",") == 1]
-        try:
-            samples = [(int(index), float(percent)) for index, percent in rows]
-        except ValueError:
-            return None
-        ticks = sum(1 for index, _ in samples if index == 0)
-        return round(sum(percent for _, percent in samples) / ticks, 1) if ticks else None
-
-
-def run_job(n: int, method: str, job_args: list[str], *, gpus: int, store: str | None = None,
-            redis_url: str | None = None, cache_dir: str | None = None, timeout: float = 1800,
-            profile: Path | None = None, profile_ranks: Path | None = None, log: Path | None = None) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
-        if profile:  # sample every process of the job, idle time and threads included
-            launch = ["py-spy", "record", "--subprocesses", "--idle", "--threads", "--format", "raw",
-                      "--rate", "50", "--output", str(profile), "--", *launch]
-        extra = []
-        if gpus and n <= gpus:
-            launch.append("--virtual-local-rank")
-        elif gpus:
-            extra = ["--backend", "gloo", "--emulate-gpus", str(gpus)]
-        cmd = [*launch, str(JOB), "--method", method, "--json", str(out), *extra, *job_args]
-        if store:
-            cmd += ["--store", store]
-        if redis_url:
-            cmd += ["--redis-url", redis_url]
-        if profile_ranks:
-            cmd += ["--profile-self", str(profile_ranks)]
-        if cache_dir:
-            cmd += ["--cache-dir", cache_dir]
-        env = dict(os.environ, TMPDIR=tmp, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        env.setdefault("OMP_NUM_THREADS", "1")
-        started = time.monotonic()
-        cpu_before = cpu_busy_seconds()
-        gpu = GpuSampler()
-        job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
-        try:
-            stdout, _ = job.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            gpu.stop()
-            job.terminate()  # torchrun stops the ranks it started (each in a session of its own)
-            try:
-                stdout, _ = job.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(job.pid, signal.SIGKILL)
-                stdout, _ = job.communicate()
-            if log:
-                log.write_text(stdout)
-            raise JobTimedOut(timeout) from None
-        gpu_percent = gpu.stop()
-        wall = time.monotonic() - started
-        cpu_after = cpu_busy_seconds()
-        if log:
-            log.write_text(stdout)
-        if job.returncode != 0 or not out.exists():
-            print(stdout[-4000:], file=sys.stderr)
-            raise SystemExit(f"job failed: {' '.join(cmd)}")
-        result = json.loads(out.read_text())
-        result["wall_s"] = wall
-        # Whole-machine figures over the job's life: how many cores were busy on average, and
-        # how busy the GPUs were (percent summed over GPUs). A lone rank that keeps every core
-        # busy leaves nothing for the ranks that share its host to take over.
-        if cpu_before is not None and cpu_after is not None:
-            result["cpu_busy_cores"] = round((cpu_after - cpu_before) / wall, 2)
-        result["gpu_busy_percent"] = gpu_percent
-        return result
-
-
 def references(job_args: list[str], gpus: int, repeat: int, ranks: list[int]) -> dict:
     """One rank compiling alone, step 1 of one rank whose local cache is warm, and step 1 of
     the ranks of an N-rank job that all start warm (one cache dir, for each N > 1)."""
     with tempfile.TemporaryDirectory() as cache:
         # The first alone run compiles into an empty cache dir, as every alone run does, and fills
         # it for the warm runs: one compile fewer, which matters where a compile takes minutes.
-        alone = [run_job(1, "alone", job_args, gpus=gpus, cache_dir=cache)]
-        warm = [run_job(1, "alone", job_args, gpus=gpus, cache_dir=cache) for _ in range(repeat)]
-        warm_jobs = {str(n): [run_job(n, "alone", job_args, gpus=gpus, cache_dir=cache) for _ in range(repeat)]
+        alone = [common.run_cold_start_job(1, "alone", job_args, gpus=gpus, cache_dir=cache)]
+        warm = [common.run_cold_start_job(1, "alone", job_args, gpus=gpus, cache_dir=cache) for _ in range(repeat)]
+        warm_jobs = {str(n): [common.run_cold_start_job(n, "alone", job_args, gpus=gpus, cache_dir=cache)
+                              for _ in range(repeat)]
                      for n in ranks if n > 1}  # str keys, as JSON keeps them
-    alone += [run_job(1, "alone", job_args, gpus=gpus) for _ in range(repeat - 1)]
+    alone += [common.run_cold_start_job(1, "alone", job_args, gpus=gpus) for _ in range(repeat - 1)]
     for n, runs in warm_jobs.items():
         if any(r["fx_misses"] for run in runs for r in run["ranks"]):
             print(f"warning: the all-warm {n}-rank job compiled graphs: its ranks did not share the warm "
@@ -234,27 +127,14 @@ def summarize(runs: list[dict], alone_s: float, warm_s: float, warm_job_s: float
     }
 
 
-def job_file(directory: str | None, name: str) -> Path | None:
-    """``directory/name``, the directory made if needed; ``None`` without a directory."""
-    if not directory:
-        return None
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    return Path(directory) / name
-
-
-def fmt_bytes(n: float) -> str:
-    return "0" if not n else f"{n / 1e6:.1f} MB"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--label", required=True, help="names the RESULTS.md section and the raw JSON file")
+    common.add_output_args(p, job_logs=False)
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--gpus", type=int, default=0, help="GPUs on this host (0: CPU, gloo)")
     p.add_argument("--rows", nargs="+", default=list("abcdef"),
                    help="which rows, by letter; 'none': only the one-rank references (for --references later)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     p.add_argument("--references", default=None,
                    help="reuse the one-rank references of an earlier run's benchmarks/results/<label>.json")
     p.add_argument("--profile", default=None, metavar="DIR",
@@ -273,8 +153,7 @@ def main() -> None:
     rows = {name: ROWS[name] for letter in args.rows for name in ROWS if name[1] == letter}  # in the order asked
     redis = Redis() if any(uses for _, uses in rows.values()) else None
     try:
-        command = "python benchmarks/cold_start.py " + " ".join(sys.argv[1:])
-        raw: dict = {"command": command, "references": {}, "rows": []}
+        raw: dict = {"command": common.command("cold_start.py"), "references": {}, "rows": []}
         if args.references:
             raw["references"] = json.loads(Path(args.references).read_text())["references"]
             raw["references"]["from"] = args.references
@@ -283,7 +162,7 @@ def main() -> None:
         alone_s, warm_s = raw["references"]["alone_s"], raw["references"]["warm_step1_s"]
         warm_job = raw["references"].get("warm_job_step1_s", {})  # absent in references saved before it
         print(f"one rank compiling alone: {alone_s:.2f}s; step 1 with a warm local cache: {warm_s:.2f}s", flush=True)
-        save(args, raw, [], job_args)
+        save_run(args, raw, [], job_args)
         # Rounds: every row runs once per round (a, d, e, a, d, e, ...), so that drift on the host
         # spreads over the rows, and a run cut short by a time limit still has every row it reached.
         runs: dict[tuple[int, str], list[dict]] = {}
@@ -295,12 +174,12 @@ def main() -> None:
                         redis.flush()
                     store = redis.url if (uses_redis and method == "compile-once") else None
                     redis_url = redis.url if redis else None
-                    profile = job_file(args.profile, f"{args.label}-n{n}-{name[1]}-{rep}.txt")
-                    profile_ranks = job_file(args.profile_ranks, f"{args.label}-n{n}-{name[1]}-{rep}")
-                    log = job_file(args.job_logs, f"{args.label}-n{n}-{name[1]}-{rep}.log")
-                    run = run_job(n, method, job_args, gpus=args.gpus, store=store,
-                                  redis_url=redis_url if method == "inductor-redis" else None, profile=profile,
-                                  profile_ranks=profile_ranks, log=log)
+                    profile = common.log_file(args.profile, f"{args.label}-n{n}-{name[1]}-{rep}.txt")
+                    profile_ranks = common.log_file(args.profile_ranks, f"{args.label}-n{n}-{name[1]}-{rep}")
+                    log = common.log_file(args.job_logs, f"{args.label}-n{n}-{name[1]}-{rep}.log")
+                    run = common.run_cold_start_job(n, method, job_args, gpus=args.gpus, store=store,
+                                                    redis_url=redis_url if method == "inductor-redis" else None,
+                                                    profile=profile, profile_ranks=profile_ranks, log=log)
                     if profile:
                         run["profile"] = str(profile)
                     runs.setdefault((n, name), []).append(run)
@@ -309,7 +188,7 @@ def main() -> None:
                     table = [{"n": n_, "row": name_, **summarize(r, alone_s, warm_s, warm_job.get(str(n_)))}
                              for (n_, name_), r in runs.items()]
                     raw["rows"] = [{**row, "runs": runs[row["n"], row["row"]]} for row in table]
-                    save(args, raw, table, job_args)  # after every run: a run cut short keeps what it measured
+                    save_run(args, raw, table, job_args)  # after every run: a run cut short keeps what it measured
         for row in table:
             follower = "-" if row["follower_ratio"] is None else f"{row['follower_ratio']:.2f}x"
             if row["follower_job_ratio"] is not None:
@@ -317,7 +196,7 @@ def main() -> None:
             runs_s = ", ".join(f"{t:.1f}" for t in row["runs_s"])
             print(f"N={row['n']} {row['row']:<38} {row['all_done_s']:7.2f}s ({row['ratio']:.2f}x)  runs {runs_s}  "
                   f"FX {row['fx_compiles']}  Triton {row['triton_compiles']}  CPU {row['cpu_s']:.0f}s  "
-                  f"moved {fmt_bytes(row['moved_bytes'])}  follower {follower}", flush=True)
+                  f"moved {common.fmt_bytes(row['moved_bytes'])}  follower {follower}", flush=True)
     finally:
         if redis:
             redis.close()
@@ -325,41 +204,16 @@ def main() -> None:
         print(markdown(args, raw, table, job_args))
 
 
-def save(args, raw: dict, table: list[dict], job_args: list[str]) -> None:
-    """Write the raw runs to benchmarks/results/<label>.json and the table into RESULTS.md."""
-    raw["machine"] = machine(args.gpus)
-    results = ROOT / "benchmarks" / "results"
-    results.mkdir(exist_ok=True)
-    (results / f"{args.label}.json").write_text(json.dumps(raw, indent=1))
-    write_section(Path(args.out), args.label, markdown(args, raw, table, job_args))
-
-
-@functools.lru_cache(maxsize=1)
-def gpu_count() -> int:
-    """CUDA GPUs this machine has (0 without CUDA), read in a child process so that this
-    one does not initialize CUDA before it starts jobs."""
-    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
-    return int(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
-
-
-def machine(gpus: int) -> str:
-    import torch
-
-    desc = f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, torch {torch.__version__}"
-    if gpus:
-        import triton
-
-        desc += f", triton {triton.__version__}, CUDA {torch.version.cuda}, {gpus} x {torch.cuda.get_device_name(0)}"
-    return desc
+def save_run(args, raw: dict, table: list[dict], job_args: list[str]) -> None:
+    """Write the raw runs to <results-dir>/<label>.json and the table into RESULTS.md."""
+    raw["machine"] = common.machine(args.gpus)
+    common.save(args.label, raw, markdown(args, raw, table, job_args), results_dir=args.results_dir, out=args.out)
 
 
 def markdown(args, raw: dict, table: list[dict], job_args: list[str]) -> str:
     alone_s, warm_s = raw["references"]["alone_s"], raw["references"]["warm_step1_s"]
     lines = [
-        f"#### Run `{args.label}` ({time.strftime('%Y-%m-%d')})",
-        "",
-        f"Command: `{raw['command']}`",
-        "",
+        *common.heading(args.label, f"Command: `{raw['command']}`"),
         f"Machine: {raw['machine']}. Model flags: `{' '.join(job_args) or '(defaults)'}` "
         "(`benchmarks/cold_start_job.py`: the example GPT, DDP, fwd+bwd+AdamW). "
         f"Medians of the runs listed (up to {args.repeat} per row, run in rounds). "
@@ -369,9 +223,9 @@ def markdown(args, raw: dict, table: list[dict], job_args: list[str]) -> str:
                   for n, secs in raw["references"].get("warm_job_step1_s", {}).items())
         + (f" (reused from `{raw['references']['from']}`)." if raw["references"].get("from") else "."),
         "",
-        "| N | method | all ranks done step 1 (s) | ÷ one rank alone | runs (s) | FX compiles (sum) | "
-        "Triton compiles (sum) | CPU-s (sum) | bytes moved | follower step 1 ÷ warm | ÷ all-warm job |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *common.table_head("N", "method", "all ranks done step 1 (s)", "÷ one rank alone", "runs (s)",
+                           "FX compiles (sum)", "Triton compiles (sum)", "CPU-s (sum)", "bytes moved",
+                           "follower step 1 ÷ warm", "÷ all-warm job"),
     ]
     for row in table:
         follower = "-" if row["follower_ratio"] is None else f"{row['follower_ratio']:.2f}× ({row['follower_s']:.2f} s)"
@@ -379,21 +233,9 @@ def markdown(args, raw: dict, table: list[dict], job_args: list[str]) -> str:
         lines.append(
             f"| {row['n']} | {row['row']} | {row['all_done_s']:.2f} | {row['ratio']:.2f}× | "
             f"{', '.join(f'{t:.1f}' for t in row['runs_s'])} | {row['fx_compiles']} | {row['triton_compiles']} | "
-            f"{row['cpu_s']:.0f} | {fmt_bytes(row['moved_bytes'])} | {follower} | {job} |"
+            f"{row['cpu_s']:.0f} | {common.fmt_bytes(row['moved_bytes'])} | {follower} | {job} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def write_section(path: Path, label: str, section: str) -> None:
-    """Replace this label's section of RESULTS.md, keeping everything else."""
-    begin, end = f"<!-- cold_start.py {label}: begin -->", f"<!-- cold_start.py {label}: end -->"
-    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
-    block = f"{begin}\n{section}{end}\n"
-    if begin in text and end in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) + 1 :]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
 
 
 if __name__ == "__main__":

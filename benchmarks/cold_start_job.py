@@ -260,7 +260,7 @@ def main() -> None:
 def compile_phases(top: int = 40) -> dict[str, list[float]]:
     """Where this process's compile time went: Dynamo's and Inductor's timed phases
     (``dynamo_timed``), name -> [seconds summed, calls], the longest first. Phases nest,
-    so they do not add up; compare one phase across runs (``benchmarks/tools/phases.py``)."""
+    so they do not add up; compare one phase across runs (the results JSON keeps them per rank)."""
     from torch._dynamo.utils import compilation_time_metrics
 
     totals = {name: [round(sum(times), 3), len(times)] for name, times in compilation_time_metrics.items()}

@@ -34,11 +34,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-from cold_start import ROOT, JobTimedOut, fmt_bytes, machine, run_job, write_section  # noqa: E402
+import common
 
 KINDS = {  # kind -> (cold_start_job method, extra environment)
     "stock": ("alone", {}),
@@ -48,9 +47,6 @@ KINDS = {  # kind -> (cold_start_job method, extra environment)
     "upstream": ("alone", {"TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM": "1"}),
     "split": ("compile-once", {"COORDINATOR_SPLIT_TUNING": "1"}),
 }
-
-
-RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 
 def summarize(row: str, run: dict, reference_s: float | None) -> dict:
@@ -72,14 +68,11 @@ def summarize(row: str, run: dict, reference_s: float | None) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--label", required=True)
+    common.add_output_args(p)
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--rows", nargs="+", default=["stock:1", "ours:2"])
     p.add_argument("--budget-s", type=float, default=560,
                    help="seconds for all rows; a row still running then is killed")
-    p.add_argument("--job-logs", default=None, metavar="DIR", help="keep each job's output in DIR")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
-    p.add_argument("--results-dir", default=None, help="where the JSON goes (default benchmarks/results)")
     p.add_argument("job_args", nargs=argparse.REMAINDER, help="after --: model flags for cold_start_job.py")
     args = p.parse_args()
     job_args = [a for a in args.job_args if a != "--"]
@@ -93,10 +86,7 @@ def main() -> None:
     reference_s = None
     reference_is_bound = False  # stock:1 was killed at its deadline: it took longer
     ours_one_s = None  # ours:1 in the same invocation: the ratio the N-rank rows are judged by
-    raw = {"command": "python benchmarks/max_autotune.py " + " ".join(sys.argv[1:]), "runs": [], "skipped": []}
-    if args.results_dir:
-        global RESULTS_DIR
-        RESULTS_DIR = Path(args.results_dir)
+    raw = {"command": common.command("max_autotune.py"), "runs": [], "skipped": []}
     table = []
     for spec, kind, n in rows:
         left = args.budget_s - (time.monotonic() - started)
@@ -108,11 +98,9 @@ def main() -> None:
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            log = Path(args.job_logs) / f"{args.label}-{kind}-{n}.log" if args.job_logs else None
-            if log:
-                log.parent.mkdir(parents=True, exist_ok=True)
-            run = run_job(n, method, job_args, gpus=args.gpus, timeout=left, log=log)
-        except JobTimedOut as exc:  # a lower bound: the row took longer than this
+            log = common.log_file(args.job_logs, f"{args.label}-{kind}-{n}.log")
+            run = common.run_cold_start_job(n, method, job_args, gpus=args.gpus, timeout=left, log=log)
+        except common.JobTimedOut as exc:  # a lower bound: the row took longer than this
             if spec == "stock:1":
                 reference_s, reference_is_bound = exc.seconds, True
             row = {"row": spec, "timed_out_after_s": round(exc.seconds, 1)}
@@ -140,12 +128,11 @@ def main() -> None:
         table.append(row)
         raw["runs"].append({**row, "run": run})
         print(json.dumps(row), flush=True)
-        raw["machine"] = machine(args.gpus)
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        (RESULTS_DIR / f"{args.label}.json").write_text(json.dumps(raw, indent=1))
+        raw["machine"] = common.machine(args.gpus)
+        common.save(args.label, raw, None, results_dir=args.results_dir)
     section = markdown(args.label, raw, table, job_args)
     print(section)
-    write_section(Path(args.out), args.label, section)
+    common.write_section(Path(args.out), args.label, section)
 
 
 def _or_dash(value: float | None, unit: str, of: int | None = None) -> str:
@@ -156,17 +143,13 @@ def _or_dash(value: float | None, unit: str, of: int | None = None) -> str:
 
 def markdown(label: str, raw: dict, table: list[dict], job_args: list[str]) -> str:
     lines = [
-        f"#### Run `{label}` ({time.strftime('%Y-%m-%d')})",
-        "",
-        f"Command: `{raw['command']}`",
-        "",
+        *common.heading(label, f"Command: `{raw['command']}`"),
         f"Machine: {raw.get('machine', '?')}. Model flags: `{' '.join(job_args)}`. One run per row."
         + (f" Skipped (budget): {', '.join(raw['skipped'])}." if raw["skipped"] else ""),
         "",
-        "| row | all ranks done step 1 (s) | ÷ ours:1 | ÷ stock:1 | FX graphs compiled per rank | of them "
-        "backward graphs compiled early | Triton compiles | most bytes a rank received | steps 2-6, median per rank "
-        "(ms) | CPU cores busy, mean | GPU busy, mean |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *common.table_head("row", "all ranks done step 1 (s)", "÷ ours:1", "÷ stock:1", "FX graphs compiled per rank",
+                           "of them backward graphs compiled early", "Triton compiles", "most bytes a rank received",
+                           "steps 2-6, median per rank (ms)", "CPU cores busy, mean", "GPU busy, mean"),
     ]
     for r in table:
         if "timed_out_after_s" in r:
@@ -176,7 +159,7 @@ def markdown(label: str, raw: dict, table: list[dict], job_args: list[str]) -> s
         vs_ours = "-" if r.get("vs_ours_1") is None else f"{r['vs_ours_1']:.2f}×"
         lines.append(f"| {r['row']} | {r['all_done_s']:.2f} | {vs_ours} | {ratio} | "
                      f"{', '.join(map(str, r['graphs_per_rank']))} | {', '.join(map(str, r['early_backward']))} | "
-                     f"{r['triton_compiles']} | {fmt_bytes(r['follower_bytes'])} | "
+                     f"{r['triton_compiles']} | {common.fmt_bytes(r['follower_bytes'])} | "
                      f"{', '.join(map(str, r['step2_ms']))} | "
                      f"{_or_dash(r.get('cpu_busy_cores'), '', os.cpu_count())} | "
                      f"{_or_dash(r.get('gpu_busy_percent'), '%')} |")

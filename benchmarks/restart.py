@@ -42,66 +42,43 @@ install times, and what each rank's exit waited for its persistent writes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-JOB = ROOT / "benchmarks" / "model_suite_job.py"
-from cold_start import gpu_count, machine, write_section  # noqa: E402
-from model_suite_job import MODELS  # noqa: E402
+import common
 
 JOBS = ("stock cold", "ours cold", "stock restart", "ours restart")
 
 
 def run_job(name: str, model: str, n: int, dirs: dict[str, Path], args: argparse.Namespace,
-            profile: str | None = None, persist: dict[str, str] | None = None, env: dict | None = None) -> dict:
+            profile: str | None = None, persist: dict[str, str] | None = None) -> dict:
+    """One of the jobs (``JOBS``, and with ``--persist`` the restarts from each target and from a
+    bundle): the stock restart on the cache dir its cold job left, every other job on its own."""
     ours = name.startswith("ours")
     cache = dirs[name] if name != "stock restart" else dirs["stock cold"]
-    out = dirs["work"] / f"{name.replace(' ', '-')}-{model}-n{n}.json"
-    launcher = "coordinator.jobs.launcher" if ours else "torch.distributed.run"
-    cmd = [sys.executable, "-m", launcher, "--standalone", f"--nproc-per-node={n}", str(JOB), "--model", model,
-           "--size", args.size, "--steps", str(args.steps), "--json", str(out)]
-    if profile:
-        cmd += ["--profile", profile]
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton"),
-               TMPDIR=str(dirs["work"]), SUITE_LAUNCHED=repr(time.time()),
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
-    if ours:
-        env["COORDINATOR_STORE"] = f"file://{dirs['store']}"
-        if args.precompile:
-            env["COORDINATOR_PRECOMPILE"] = "1"
+    store: Path | None = dirs["store"]
+    env = {}
+    if ours and args.precompile:
+        env["COORDINATOR_PRECOMPILE"] = "1"
     if persist and name == "ours cold":  # also into the first target: its persistent layer and a bundle
         first = next(iter(persist.values()))
         env.update(COORDINATOR_PERSIST=first, COORDINATOR_SAVE_BUNDLE=first)
     elif persist and name.startswith("ours restart, "):  # the job's own TCPStore, and one source each
-        del env["COORDINATOR_STORE"]
+        store = None
         target = name.removeprefix("ours restart, ")
         if target == "bundle":
             env["COORDINATOR_RESTORE_BUNDLE"] = next(iter(persist.values()))
         else:
             env["COORDINATOR_PERSIST"] = persist[target.removeprefix("persist ")]
-    if args.gpu and n > 1 and n > gpu_count():
-        env["SUITE_BACKEND"] = "gloo"
     if ours and args.bypass_split_graphs and name == "ours cold":
         env["COORDINATOR_CACHE_DDP_GRAPHS"] = "0"  # no split graph in the store: the restart runs AOTAutograd
-    begin = time.perf_counter()
-    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=args.timeout)
-    wall = time.perf_counter() - begin
-    if args.job_logs:
-        Path(args.job_logs).mkdir(parents=True, exist_ok=True)
-        (Path(args.job_logs) / f"{args.label}-{model}-n{n}-{name.replace(' ', '-')}.log").write_text(done.stdout)
-    if done.returncode != 0 or not out.exists():
-        print(done.stdout[-4000:], file=sys.stderr)
-        raise SystemExit(f"job failed: {' '.join(cmd)}")
-    return {"job": name, "model": model, "n": n, "wall_s": wall, **transfer_times(done.stdout),
-            **json.loads(out.read_text())}
+    job, output = common.stock_or_ours_job(name, model, n, args, cache=cache, work=dirs["work"], store=store, env=env,
+                                           profile=profile)
+    return {**job, **transfer_times(output)}
 
 
 def transfer_times(log: str) -> dict:
@@ -126,23 +103,14 @@ class MotoServer:
     in this process's environment, which the jobs inherit."""
 
     def __init__(self, workdir: Path) -> None:
-        import socket
+        from coordinator.testing import free_port
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         self.log = open(workdir / "moto.log", "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                      stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise SystemExit("moto's server did not start: pip install 'moto[s3]' flask flask-cors") from None
-                time.sleep(0.1)
+        if not common.wait_for_port(port, 30, self.proc):
+            raise SystemExit("moto's server did not start: pip install 'moto[s3]' flask flask-cors")
         os.environ.update(AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench",
                           AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
                           AWS_EC2_METADATA_DISABLED="true")
@@ -182,38 +150,27 @@ def copy_objects(src_url: str, dst_url: str) -> None:
 
 def row(job: dict, stock_restart_s: float, cold_losses: list[str]) -> dict:
     ranks = job["ranks"]
-    aot = {k: sum(r["aot_autograd"].get(f"autograd_cache_{k}", 0) for r in ranks) for k in ("hit", "miss", "bypass")}
     served = sum(((r.get("stats") or {}).get("ddp_split_graphs") or {}).get("served", 0) for r in ranks)
     return {
         "model": job["model"], "n": job["n"], "job": job["job"], "wall_s": job["wall_s"],
         "ratio": job["wall_s"] / stock_restart_s,
-        "compile_s": [r["compile_s"].get("entire_frame_compile", 0.0) for r in ranks],
-        "compile_all_s": [r["compile_s"].get("total_wall_time", 0.0) for r in ranks],
-        "aot": aot, "served": served, "loads_s": ranks[0].get("module_loads_s", 0.0),
-        "losses_apart": max(loss_difference(r["losses"], cold_losses) for r in ranks),
+        "compile_s": common.compile_seconds(ranks), "compile_all_s": common.compile_seconds(ranks, "total_wall_time"),
+        "aot": common.aot_counts(ranks), "served": served, "loads_s": ranks[0].get("module_loads_s", 0.0),
+        "losses_apart": max(common.losses_apart(r["losses"], cold_losses) for r in ranks),
         "frames": sum(r.get("frames_traced", 0) for r in ranks),
     }
 
 
-def loss_difference(losses: list[str], cold: list[str]) -> float:
-    """The largest relative difference from the cold job's losses over the steps (0: bit for bit)."""
-    pairs = zip(losses, cold, strict=True)
-    return max(abs(float.fromhex(a) - float.fromhex(b)) / abs(float.fromhex(b)) for a, b in pairs)
-
-
 def markdown(args: argparse.Namespace, raw: dict, table: list[dict]) -> str:
     lines = [
-        f"#### Run `{args.label}` ({time.strftime('%Y-%m-%d')})",
-        "",
-        f"Command: `{raw['command']}`",
-        "",
+        *common.heading(args.label, f"Command: `{raw['command']}`"),
         f"Machine: {raw['machine']}. Model size `{args.size}`, {args.steps} steps, then one at a new shape (a "
         "recompile). Stock restarts on the cache dir its cold job left; ours restarts from the store with an "
         "empty one.",
         "",
-        "| model | N | job | wall (s) | ÷ stock restart | compile inside, per rank (s) | AOT hit / miss / bypass | "
-        "DDP split graphs served | frames traced, all ranks | module loads, rank 0 (s) | losses vs its cold job |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *common.table_head("model", "N", "job", "wall (s)", "÷ stock restart", "compile inside, per rank (s)",
+                           "AOT hit / miss / bypass", "DDP split graphs served", "frames traced, all ranks",
+                           "module loads, rank 0 (s)", "losses vs its cold job"),
     ]
     for r in table:
         compile_s = ", ".join(f"{a:.1f} ({b:.1f})" for a, b in zip(r["compile_s"], r["compile_all_s"], strict=True))
@@ -222,8 +179,7 @@ def markdown(args: argparse.Namespace, raw: dict, table: list[dict]) -> str:
         lines.append(
             f"| {r['model']} | {r['n']} | {r['job']} | {r['wall_s']:.1f} | {r['ratio']:.2f}× | {compile_s} | "
             f"{r['aot']['hit']} / {r['aot']['miss']} / {r['aot']['bypass']} | {r['served']} | {r.get('frames', '')} | "
-            f"{r['loads_s']:.2f} | "
-            f"{'equal' if r['losses_apart'] == 0 else format(r['losses_apart'], '.0e') + ' apart'} |"
+            f"{r['loads_s']:.2f} | {common.apart(r['losses_apart'])} |"
         )
     transfers = [job for job in raw["jobs"] if any(k in job for k in ("bundle_save_s", "bundle_fetch_s",
                                                                        "persist_written"))]
@@ -245,13 +201,7 @@ def markdown(args: argparse.Namespace, raw: dict, table: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--label", required=True, help="names the RESULTS.md section and the raw JSON file")
-    p.add_argument("--models", nargs="+", choices=MODELS, default=["llama", "convnext"])
-    p.add_argument("--ranks", type=int, nargs="+", default=[1, 3])
-    p.add_argument("--size", default="bench")
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--gpu", action="store_true",
-                   help="a GPU per rank over NCCL where there are enough, else ranks share cuda:0 over gloo")
+    common.add_suite_args(p, models=["llama", "convnext"], ranks=[1, 3], size="bench")
     p.add_argument("--precompile", action="store_true", help="ours with precompiled functions (setting precompile)")
     p.add_argument("--bypass-split-graphs", action="store_true",
                    help="ours' cold job with cache_ddp_graphs off: no split graph is in the store, so ours' restart "
@@ -261,16 +211,10 @@ def main() -> None:
     p.add_argument("--persist", nargs="+", default=None, metavar="TARGET",
                    help="also restart from a persistent layer, and from a bundle: moto (a moto S3 server started "
                         "here), file (a file:// dir) or a store URL; ours' cold job writes to the first")
-    p.add_argument("--timeout", type=float, default=1800)
-    p.add_argument("--job-logs", default=None, metavar="DIR", help="keep each job's output in DIR")
-    p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     args = p.parse_args()
-    raw = {"command": "python benchmarks/restart.py " + " ".join(sys.argv[1:]),
-           "machine": machine(gpu_count() if args.gpu else 0),
-           "jobs": []}
+    raw = common.record("restart.py", args, jobs=[])
     table: list[dict] = []
-    subprocess.run([sys.executable, "-c", "import torch, transformers, torch._inductor.compile_fx"], check=True)
+    common.warm_page_cache()
     names = list(JOBS)
     if args.persist:
         names += [f"ours restart, persist {target}" for target in args.persist] + ["ours restart, bundle"]
@@ -292,9 +236,9 @@ def main() -> None:
                         copy_objects(persist[args.persist[0]], persist[target])
                     jobs[name] = run_job(name, model, n, dirs, args, persist=persist)
                     raw["jobs"].append(jobs[name])
-                    save(args, raw, table)  # the raw jobs so far, should a later one not finish
+                    save_run(args, raw, table)  # the raw jobs so far, should a later one not finish
                     print(f"{model} N={n} {name:<13}: wall {jobs[name]['wall_s']:6.1f}s, compile "
-                          f"{[round(r['compile_s'].get('entire_frame_compile', 0), 1) for r in jobs[name]['ranks']]}",
+                          f"{[round(t, 1) for t in common.compile_seconds(jobs[name]['ranks'])]}",
                           flush=True)
                 for name in names:
                     cold = jobs["ours cold" if name.startswith("ours") else "stock cold"]["ranks"][0]["losses"]
@@ -307,17 +251,14 @@ def main() -> None:
                             dirs[name] = Path(tmp) / "ours-restart-profiled"
                         run_job(name, model, n, dirs, args,
                                 profile=str(Path(args.profile_restarts) / f"{model}-n{n}-{name.replace(' ', '-')}"))
-            save(args, raw, table)
+            save_run(args, raw, table)
     if moto is not None:
         moto.close()
     print(markdown(args, raw, table))
 
 
-def save(args: argparse.Namespace, raw: dict, table: list[dict]) -> None:
-    results = Path(args.results_dir)
-    results.mkdir(parents=True, exist_ok=True)
-    (results / f"{args.label}.json").write_text(json.dumps(raw, indent=1))
-    write_section(Path(args.out), args.label, markdown(args, raw, table))
+def save_run(args: argparse.Namespace, raw: dict, table: list[dict]) -> None:
+    common.save(args.label, raw, markdown(args, raw, table), results_dir=args.results_dir, out=args.out)
 
 
 if __name__ == "__main__":

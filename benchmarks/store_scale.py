@@ -58,7 +58,10 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+if str(Path(__file__).resolve().parent) not in sys.path:  # loaded by its path (tests/test_store_scale.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, add_output_args, heading, table_head, wait_for_port, write_section  # noqa: E402
+
 from coordinator.testing import free_port, redis_server_binary  # noqa: E402
 
 
@@ -91,15 +94,8 @@ class Server:
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                          preexec_fn=raise_fd_limit)
             self.url = f"redis://127.0.0.1:{port}/0"
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
+            if not wait_for_port(port, 10, self.proc):
+                raise SystemExit("redis-server did not start")
 
     def cpu_s(self) -> float:
         with open(f"/proc/{self.proc.pid}/stat") as f:
@@ -220,15 +216,21 @@ def worker(spec: dict) -> None:
     records: list = []
     threads = [threading.Thread(target=leader, args=(n, spec, flights[n], counters[n], start, records), daemon=True)
                for n in nodes]
+    run_together(spec, start, threads, records)
+
+
+def run_together(spec: dict, go: threading.Event, threads: list[threading.Thread], found: list) -> None:
+    """Start this process's threads, say it is ready, let them go at once when the go file
+    appears, and write what they ``found`` to spec['out'] once they are done."""
     for t in threads:
         t.start()
     print("ready", flush=True)
     while not os.path.exists(spec["go"]):
         time.sleep(0.005)
-    start.set()
+    go.set()
     for t in threads:
         t.join()
-    Path(spec["out"]).write_text(json.dumps(records))
+    Path(spec["out"]).write_text(json.dumps(found))
 
 
 WAITS = ("signalled", "polling", "bare", "bare-wake")
@@ -278,16 +280,7 @@ def bare_waiter(spec: dict) -> None:
     # Every waiter connects first, then all block at once: spawning the processes one
     # after another (1,000 connects) can take longer than a wait's own timeout.
     go = threading.Event()
-    threads = [threading.Thread(target=wait_and_record, args=(w,), daemon=True) for w in clients]
-    for t in threads:
-        t.start()
-    print("ready", flush=True)
-    while not os.path.exists(spec["go"]):
-        time.sleep(0.005)
-    go.set()
-    for t in threads:
-        t.join()
-    Path(spec["out"]).write_text(json.dumps(woke))
+    run_together(spec, go, [threading.Thread(target=wait_and_record, args=(w,), daemon=True) for w in clients], woke)
 
 
 def run_bare(nodes: int, store: str, args, read: bool = True) -> dict:
@@ -490,8 +483,6 @@ def render(path: Path, label: str, out: Path) -> None:
         plot(rows, ROOT / "docs" / "images" / f"{label.replace('-', '_')}.png")
     section = markdown(rows, saved["commands"], saved["machine"], label)
     print(section)
-    from cold_start import write_section
-
     write_section(out, label, section)
 
 
@@ -507,20 +498,17 @@ def machine(procs: int) -> str:
 def markdown(rows: list[dict], commands: list[str], machine_line: str, label: str) -> str:
     spec = next(r for r in rows if not r["waits"].startswith("bare"))
     lines = [
-        f"#### Run `{label}` ({time.strftime('%Y-%m-%d')})", "",
-        "Commands (later ones measured their rows again): " + ", ".join(f"`{c}`" for c in commands),
-        "",
+        *heading(label, "Commands (later ones measured their rows again): " + ", ".join(f"`{c}`" for c in commands)),
         f"Machine: {machine_line}. Graphs {spec['graphs']}, compile {spec['compile_s']} s each, a leader "
         f"loads a graph {spec.get('load_s', 0)} s before it looks up the next; lease {spec['lease_s']} s; graph "
         "1's first claimant is killed. Waits \"bare\": the store's own blocking read, one write of the value "
         "to every waiter, no protocol (the floor on this machine); \"bare-wake\": its wake-up alone, no value. "
         "p99 columns: the median run's, each run's p99 in the last "
         "column.", "",
-        "| nodes | store | waits | publish → waiter p50 (ms) | p99 (ms) | max (ms) | publish → end signal, max (ms) "
-        "| end signal → woken, p99 (ms) | woken → returned, p99 (ms) | store calls per waiter per s "
-        "| store calls per s | server CPU (s/s) | takeover (s) | timeouts | wrong takeovers "
-        "| store memory after (MB) | p99 of each run (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *table_head("nodes", "store", "waits", "publish → waiter p50 (ms)", "p99 (ms)", "max (ms)",
+                    "publish → end signal, max (ms)", "end signal → woken, p99 (ms)", "woken → returned, p99 (ms)",
+                    "store calls per waiter per s", "store calls per s", "server CPU (s/s)", "takeover (s)", "timeouts",
+                    "wrong takeovers", "store memory after (MB)", "p99 of each run (ms)"),
     ]
     keys = ("nodes", "store", "waits", "p50_ms", "p99_ms", "max_ms", "publish_to_signal_ms_max",
             "signal_to_wake_p99_ms", "wake_to_return_p99_ms", "ops_per_waiter_s", "ops_per_s", "server_cpu",
@@ -577,9 +565,7 @@ def main() -> None:
     p.add_argument("--records", default=None, help="write every lookup's record to this JSON file")
     p.add_argument("--repeat", type=int, default=1, help="runs per row (a sweep keeps the median p99's)")
     p.add_argument("--sweep", action="store_true")
-    p.add_argument("--label", default="store-scale", help="the sweep's results file and RESULTS.md section")
-    p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
+    add_output_args(p, label="store-scale", job_logs=False)
     p.add_argument("--render", action="store_true", help="only write the table of --label from its results file")
     p.add_argument("--sweep-nodes", type=int, nargs="+", default=[8, 64, 256, 1000])
     p.add_argument("--sweep-stores", nargs="+", choices=("c10d", "redis"), default=["c10d", "redis"])

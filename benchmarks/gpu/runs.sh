@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU measurements on the 2 x H200 host, logs and results in $OUT.
-#   bash benchmarks/gpu/runs.sh timeout   # the timeout scenario, without and with the coordinator
 #   bash benchmarks/gpu/runs.sh tier      # the GPU test tier (tests/gpu/run.sh)
 #   bash benchmarks/gpu/runs.sh n2        # cold start, N=2 (NCCL), rows $ROWS (default a d e c f)
 #   bash benchmarks/gpu/runs.sh n8        # cold start, N=8 emulated on 2 GPUs (gloo), rows $ROWS (default a d e);
@@ -24,13 +23,11 @@
 #                                            # PERSIST="moto file": also restarts from the persistent layer (a moto S3
 #                                            # server on this machine, then a file:// dir) and from a bundle in the first,
 #                                            # with the bundle's save and restore times (needs moto and s3fs: see below)
-#   bash benchmarks/gpu/runs.sh split-cold  # cold starts, stock against ours (benchmarks/split_cold.py): models $MODELS
-#                                            # (default llama phi3), the 142M size ($SIZE), N=$RANKS (default 4), $REPEAT
-#                                            # pairs (default 1) alternating from $ORDER (stock-first or ours-first): steps,
+#   bash benchmarks/gpu/runs.sh split-cold  # cold starts, stock against ours (benchmarks/model_suite.py --split): models
+#                                            # $MODELS (default llama phi3), the 142M size ($SIZE), N=$RANKS (default 4),
+#                                            # $REPEAT pairs (default 1) alternating from $ORDER (stock-first or ours-first): steps,
 #                                            # AOTAutograd misses, shares and price per frame; ours' traces and reports in
 #                                            # the job logs
-#   bash benchmarks/gpu/runs.sh recompile-probe  # one GPU, about a minute: does max-autotune compile each GEMM
-#                                            # template choice twice (precompile, then benchmark)? under which keys
 #   bash benchmarks/gpu/runs.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
 #                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>;
 #                                            # JOB_LOGS as for n8; PROFILE_RANKS=1: each rank samples its own
@@ -66,11 +63,11 @@ SMALL="--dim 512 --seq 256 --layers 4"
 LARGE="--dim 768 --seq 512 --layers 12"
 REFS=${REFS-benchmarks/results/gpu-small-default-references.json}
 
-case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | recompile-probe | mac | repeated | restart | split-cold}" in
+case "${1:?tier | n2 | n8 | large | profile8 | profile1 | mac | repeated | restart | split-cold}" in
   split-cold)
     label=${LABEL:-gpu-split-cold-n${RANKS:-4}}
     rm -rf "/tmp/jl-$label"
-    timeout "$(left)" python3 benchmarks/split_cold.py --label "$label" --models ${MODELS:-llama phi3} \
+    timeout "$(left)" python3 benchmarks/model_suite.py --split --label "$label" --models ${MODELS:-llama phi3} \
       --size ${SIZE:-restart} --ranks ${RANKS:-4} --order ${ORDER:-stock-first} --repeat ${REPEAT:-1} --gpu --trace \
       --job-logs "/tmp/jl-$label" --results-dir "$OUT" --out "$OUT/$label.md" 2>&1 | tee "$OUT/$label.log"
     tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .
@@ -87,12 +84,6 @@ case "${1:?timeout | tier | n2 | n8 | large | profile8 | profile1 | recompile-pr
       | tee "$OUT/$label.log"
     tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .
     if [ -n "${PROFILE:-}" ]; then tar czf "$OUT/$label-prof.tgz" -C /tmp/restart-prof .; fi
-    ;;
-  timeout)
-    for flag in "" --coordinator; do
-      timeout 150 python3 benchmarks/timeout_scenario.py --timeout 10 $SMALL --cold-extra-s 8 $flag \
-        --log "$OUT/timeout_scenario_gpu.log" 2>&1 | tee -a "$OUT/timeout_scenario_gpu.jsonl"
-    done
     ;;
   tier)
     OUT=$OUT timeout "$(left)" bash tests/gpu/run.sh
@@ -160,9 +151,6 @@ PY
       --triton-stages --detail Inductor | tee "$OUT/$label-phases.md"
     cp "benchmarks/results/$label.json" "$OUT/"
     tar czf "$OUT/$label-samples.tgz" -C /tmp/profile-ranks .
-    ;;
-  recompile-probe)
-    timeout "$(left)" python3 benchmarks/tools/recompile_probe.py --out "$OUT/recompile-probe.json" 2>&1 | tee "$OUT/recompile-probe.log"
     ;;
   profile8)
     label=${LABEL:-gpu-small-n8-profile}

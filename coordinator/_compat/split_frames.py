@@ -40,7 +40,7 @@ cached on it; read with a default where a version lacks it), ``_prev_cache_key``
 Inductor's ``_is_inductor_static`` tag, AOTAutograd's ``autograd_cache_hit`` counter. Read from
 the sources of 2.11.0, 2.13.0 and 2.14.1 (``SubmodCompiler`` differs only in
 ``compiler_configs``, from 2.13); the keys of shares and chain compared field by field
-(``benchmarks/tools/split_key_probe.py``) on torch 2.11 with one H100, and on 2.11, 2.13 and
+(the split-key probe, ``benchmarks/RESULTS.md``) on torch 2.11 with one H100, and on 2.11, 2.13 and
 2.14.1 on CPU (the tests).
 """
 
