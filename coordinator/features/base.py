@@ -10,8 +10,8 @@ verify one, count, record an event), and asks it:
 * :meth:`Feature.enabled` - whether it runs, from its settings, the routed cache kinds
   and what this torch supports;
 * :meth:`Feature.hooks` - the patches of torch it installs while caches are routed;
-* :attr:`Feature.counts` - a dataclass of counters, shown under :attr:`Feature.name` in
-  ``coordinator.stats()`` (``None`` while the feature is off);
+* :attr:`Feature.counts` - a dataclass of counters (built from :attr:`Feature.counts_type`),
+  shown under :attr:`Feature.name` in ``coordinator.stats()`` (``None`` while the feature is off);
 * the lookup-policy methods below, each a no-op by default, which the session calls at
   fixed points of a cache lookup or publish. A feature overrides only those it needs.
 
@@ -78,15 +78,25 @@ class Context:
 
 
 class Feature:
-    """One compile feature. Subclasses set :attr:`name` and override what they need."""
+    """One compile feature. Subclasses set :attr:`name` and override what they need; one
+    that counts names its counters' class in its class line: ``class Mine(Feature,
+    counts=MineCounts)``."""
 
     #: Its key in ``coordinator.stats()``; its counts are shown there.
     name: ClassVar[str] = ""
+    #: The class of its counters (a ``coordinator.observe.stats.Counts``), built with it;
+    #: ``None``: it counts nothing.
+    counts_type: ClassVar[type | None] = None
+
+    def __init_subclass__(cls, counts: type | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if counts is not None:
+            cls.counts_type = counts
 
     def __init__(self, context: Context) -> None:
         self.context = context
         #: Counters (a dataclass), or ``None`` if it counts nothing.
-        self.counts: Any = None
+        self.counts: Any = self.counts_type() if self.counts_type is not None else None
 
     def enabled(self, routed: frozenset[str]) -> bool:
         """Whether it runs in its ``Session``, given the routed cache kinds (from its

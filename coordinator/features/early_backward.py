@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import logging
 import threading
 import time
@@ -38,6 +37,7 @@ from typing import Any
 
 from coordinator import _compat
 from coordinator.features.base import Context, Feature
+from coordinator.observe.stats import Counts
 from coordinator.protocol.node import DeviceLock
 from coordinator.protocol.outcome import Outcome
 from coordinator.protocol.singleflight import LookupResult, Singleflight
@@ -48,28 +48,18 @@ KIND = "fx_graph"
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
-class EarlyBackwardCounts:
-    """What one rank's early backward compiles did."""
+class EarlyBackwardCounts(Counts, compiled=0, skipped=0, failed=0, seconds=0.0):
+    """What one rank's early backward compiles did: backward graphs this rank ``compiled``
+    while it waited; early compiles ``skipped`` because a rank had the graph or was compiling
+    it (or this rank's local cache had it); early compiles that ``failed`` (raised: the first
+    backward call compiles the graph again); the ``seconds`` spent in early compiles."""
 
-    #: Backward graphs this rank compiled while it waited.
-    compiled: int = 0
-    #: Early compiles stopped because a rank had the graph or was compiling it (or this
-    #: rank's local cache had it).
-    skipped: int = 0
-    #: Early compiles that raised (the first backward call compiles the graph again).
-    failed: int = 0
-    #: Seconds spent in early compiles.
-    seconds: float = 0.0
-
-    def summary(self) -> str:
-        if not (self.compiled or self.skipped or self.failed):
-            return ""
-        return (f"backward graphs compiled early while waiting: {self.compiled} ({self.seconds:.1f}s), "
-                f"{self.skipped} left to other ranks, {self.failed} failed")
+    line = ("backward graphs compiled early while waiting: {compiled} ({seconds:.1f}s), {skipped} left to other "
+            "ranks, {failed} failed")
+    shown_if = ("compiled", "skipped", "failed")
 
 
-class EarlyBackwards(Feature):
+class EarlyBackwards(Feature, counts=EarlyBackwardCounts):
     """The backward graphs this process knows of and has not tried to compile early."""
 
     name = "early_backward"
@@ -81,7 +71,6 @@ class EarlyBackwards(Feature):
         self._pending: collections.deque[Any] = collections.deque()
         self._lock = threading.Lock()
         self._running = threading.local()
-        self.counts = EarlyBackwardCounts()
 
     def enabled(self, routed: frozenset[str]) -> bool:
         return self.context.config.early_backward and KIND in routed

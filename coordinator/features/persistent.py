@@ -34,7 +34,6 @@ the job goes on without it: losing the persistent layer costs compile time, neve
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import threading
@@ -44,6 +43,7 @@ from datetime import timedelta
 from coordinator import _compat
 from coordinator.errors import ConfigError, StoreError
 from coordinator.features.base import Context, Feature
+from coordinator.observe.stats import Counts
 from coordinator.observe.trace import short_key
 from coordinator.protocol.fingerprint import key_prefix
 from coordinator.protocol.outcome import Outcome
@@ -65,18 +65,9 @@ MARK_TTL = timedelta(days=1)
 _ASKS = (Outcome.CLAIMED, Outcome.NONBLOCKING, Outcome.UNAVAILABLE)
 
 
-@dataclasses.dataclass
-class PersistCounts:
+class PersistCounts(Counts, hits=0, misses=0, rejected=0, bytes_read=0, written=0, bytes_written=0, not_written=0,
+                    failed=False):
     """Values found in the persistent layer, refused, and written to it."""
-
-    hits: int = 0
-    misses: int = 0
-    rejected: int = 0
-    bytes_read: int = 0
-    written: int = 0
-    bytes_written: int = 0
-    not_written: int = 0
-    failed: bool = False
 
     def summary(self) -> str:
         return (f"persistent layer: {self.hits} found ({self.bytes_read / 1e6:.2f} MB), {self.misses} missing, "
@@ -84,14 +75,13 @@ class PersistCounts:
                 f"{self.not_written} not written" + (", failed" if self.failed else ""))
 
 
-class PersistentLayer(Feature):
+class PersistentLayer(Feature, counts=PersistCounts):
     """This session's persistent layer: the keys it holds, and the writer that adds to it."""
 
     name = "persistent"
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
-        self.counts = PersistCounts()
         self.url: str | None = context.config.persist
         #: The URL as lines name it (``shown_url``: a password as ``***``).
         self.shown = shown_url(self.url) if self.url is not None else None
@@ -281,8 +271,7 @@ class PersistentLayer(Feature):
 
     def _count(self, **added: int) -> None:
         with self._lock:
-            for name, n in added.items():
-                setattr(self.counts, name, getattr(self.counts, name) + n)
+            self.counts.add(**added)
 
     def close(self) -> None:
         writer = self._writer

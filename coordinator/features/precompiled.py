@@ -33,7 +33,6 @@ AOTAutograd's cache (``_compat.cached_split_graphs``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import pickle
 import threading
@@ -44,6 +43,7 @@ from coordinator import _compat
 from coordinator.errors import IntegrityError, StoreError
 from coordinator.features.base import Context, Feature, supported
 from coordinator.features.rank_dependence import RankDependence
+from coordinator.observe.stats import Counts
 from coordinator.observe.trace import short_key
 from coordinator.protocol.integrity import open_sealed
 
@@ -52,20 +52,13 @@ log = logging.getLogger(__name__)
 KIND = "precompile"
 
 
-@dataclasses.dataclass
-class PackageCounts:
+class PackageCounts(Counts, installed=0, published=0, failed=0):
     """Precompiled functions installed without tracing, published, and refused."""
 
-    installed: int = 0
-    published: int = 0
-    failed: int = 0
-
-    def summary(self) -> str:
-        return (f"{self.installed} functions installed without tracing, {self.published} published, "
-                f"{self.failed} not installed")
+    line = "{installed} functions installed without tracing, {published} published, {failed} not installed"
 
 
-class PrecompiledFunctions(Feature):
+class PrecompiledFunctions(Feature, counts=PackageCounts):
     """One process's packages: those it installed, and those it publishes."""
 
     name = "precompiled_functions"
@@ -79,7 +72,6 @@ class PrecompiledFunctions(Feature):
         self._recorded: set[str] = set()
         #: Guarded entries of each package in the store as far as this rank knows.
         self._known: dict[str, int] = {}
-        self.counts = PackageCounts()
         self._told_rank_read = False
 
     def enabled(self, routed: frozenset[str]) -> bool:

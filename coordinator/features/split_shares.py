@@ -48,7 +48,6 @@ they are served (``_compat.split_graphs``). The chain's misses of a slot are cou
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import heapq
 import logging
@@ -61,6 +60,7 @@ from typing import Any
 
 from coordinator import _compat
 from coordinator.features.base import Context, Feature
+from coordinator.observe.stats import Counts
 from coordinator.observe.trace import short_key
 from coordinator.protocol.liveness import job_id
 from coordinator.protocol.outcome import Outcome
@@ -73,50 +73,28 @@ log = logging.getLogger(__name__)
 CLAIM_GRACE_S = 5.0
 
 
-@dataclasses.dataclass
-class FrameCounts:
+class FrameCounts(Counts, graphs=0, compiled=0, served=0, missed=0, compile_id="", share_s=0.0, chain_s=0.0):
     """One split frame, as this rank saw it (frames numbered in the order this process
-    split them, the same on every rank that runs the same steps)."""
-
-    #: Its submodules (split graphs).
-    graphs: int = 0
-    #: Submodules of it this rank compiled for the job.
-    compiled: int = 0
-    #: Submodules whose AOTAutograd entry this rank's chain found (in its own cache, or in
-    #: the store, at once or after waiting).
-    served: int = 0
-    #: Submodules this rank's chain compiled itself.
-    missed: int = 0
-    #: Dynamo's id of the frame's compile (``"0/1"``), as tlparse names it.
-    compile_id: str = ""
-    #: Seconds this rank spent on its share of the frame (its inputs, claims, compiles).
-    share_s: float = 0.0
-    #: Seconds of the frame's chain on this rank (looking up, waiting for, loading or
-    #: compiling each submodule), not counting the backward graphs it compiled lazily.
-    chain_s: float = 0.0
+    split them, the same on every rank that runs the same steps): its submodules (split
+    ``graphs``); those this rank ``compiled`` for the job; those whose AOTAutograd entry
+    this rank's chain found (``served``: in its own cache, or in the store, at once or after
+    waiting); those this rank's chain compiled itself (``missed``); Dynamo's id of the
+    frame's compile (``compile_id``, ``"0/1"``), as tlparse names it; the seconds this rank
+    spent on its share of the frame (``share_s``: its inputs, claims, compiles) and those of
+    the frame's chain on this rank (``chain_s``: looking up, waiting for, loading or compiling
+    each submodule), not counting the backward graphs it compiled lazily."""
 
 
-@dataclasses.dataclass
-class SplitShareCounts:
-    """What one rank's shares of split frames did."""
-
-    #: Submodules this rank compiled for the job (their entries saved and published).
-    compiled: int = 0
-    #: Submodules of its share it did not compile: already in the store, or one of
-    #: their graphs was being compiled by another rank.
-    skipped: int = 0
-    #: Share compiles that raised (the chain compiles them).
-    failed: int = 0
-    #: Seconds in shares (propagating inputs and compiling).
-    seconds: float = 0.0
-    #: Submodules of other ranks' shares the chain waited for and then loaded.
-    waited: int = 0
-    #: Submodules of split frames the chain compiled itself: an entry not found (a
-    #: propagated input that differed from the chain's, or an owner that gave up or
-    #: died), or a frame whose submodules no rank shared (this rank alone, no store).
-    missed: int = 0
-    #: Each split frame's counts, in the order this process split them.
-    frames: list[FrameCounts] = dataclasses.field(default_factory=list)
+class SplitShareCounts(Counts, compiled=0, skipped=0, failed=0, seconds=0.0, waited=0, missed=0, frames=list):
+    """What one rank's shares of split frames did: submodules this rank ``compiled`` for the
+    job (their entries saved and published); submodules of its share it ``skipped`` (already
+    in the store, or one of their graphs was being compiled by another rank); share compiles
+    that ``failed`` (raised: the chain compiles them); ``seconds`` in shares (propagating
+    inputs and compiling); submodules of other ranks' shares the chain ``waited`` for and then
+    loaded; submodules of split frames the chain compiled itself (``missed``: an entry not
+    found, a propagated input that differed from the chain's or an owner that gave up or
+    died, or a frame whose submodules no rank shared, this rank alone or no store); and each
+    split frame's :class:`FrameCounts` (``frames``), in the order this process split them."""
 
     def summary(self) -> str:
         if not (self.compiled or self.skipped or self.failed or self.waited or self.missed):
@@ -184,7 +162,7 @@ def _settings_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-class SplitShares(Feature):
+class SplitShares(Feature, counts=SplitShareCounts):
     """One rank's shares of the frames DDPOptimizer splits, and the chain's slot waits."""
 
     name = "split_shares"
@@ -200,7 +178,6 @@ class SplitShares(Feature):
         self._slots: dict[tuple[int, int], tuple[str, str]] = {}
         #: A split frame -> its number (the order this process split them in).
         self._numbers: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-        self.counts = SplitShareCounts()
 
     def compiling(self) -> bool:
         """Whether this thread is compiling a share's submodule."""

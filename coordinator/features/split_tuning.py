@@ -58,7 +58,6 @@ out (``docs/design.md``, "Waits never form a cycle").
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -70,6 +69,7 @@ import msgpack
 
 from coordinator import _compat
 from coordinator.features.base import Context, Feature, supported
+from coordinator.observe.stats import Counts
 from coordinator.observe.trace import short_key
 from coordinator.protocol.integrity import seal
 from coordinator.protocol.liveness import job_id
@@ -83,33 +83,20 @@ KIND = "split_tuning"
 GPU_MARKS = "split_tuning_gpu"
 
 
-@dataclasses.dataclass
-class SplitTuningCounts:
-    """What one rank's selections tuned in shares did."""
+class SplitTuningCounts(Counts, selections=0, shares_timed=0, taken_over=0, choices_timed=0, shares_received=0,
+                        timed_unclaimed=0, timing_s=0.0, waiting_s=0.0):
+    """What one rank's selections tuned in shares did: GEMM ``selections`` this rank tuned
+    in shares; shares it claimed and timed for the job (``shares_timed``, ``taken_over`` of
+    them after their holder's lease lapsed); choices it timed (``choices_timed``: in its
+    shares, and in shares it timed unclaimed); shares other ranks timed whose timings it
+    used (``shares_received``); shares timed here without a claim (``timed_unclaimed``: their
+    holder gave up, the deadline passed, or the store failed); seconds timing shares
+    (``timing_s``) and waiting for others' shares (``waiting_s``)."""
 
-    #: GEMM selections this rank tuned in shares.
-    selections: int = 0
-    #: Shares this rank claimed and timed for the job (``taken_over`` of them after their
-    #: holder's lease lapsed).
-    shares_timed: int = 0
-    taken_over: int = 0
-    #: Choices this rank timed (in its shares, and in shares it timed unclaimed).
-    choices_timed: int = 0
-    #: Shares other ranks timed whose timings this rank used.
-    shares_received: int = 0
-    #: Shares timed here without a claim: their holder gave up, the deadline passed, or
-    #: the store failed.
-    timed_unclaimed: int = 0
-    #: Seconds timing shares, and waiting for others' shares.
-    timing_s: float = 0.0
-    waiting_s: float = 0.0
-
-    def summary(self) -> str:
-        if not self.selections:
-            return ""
-        return (f"GEMM selections tuned in shares: {self.selections}; shares timed here {self.shares_timed} "
-                f"({self.taken_over} taken over, {self.choices_timed} choices, {self.timing_s:.1f}s), received "
-                f"{self.shares_received} (waited {self.waiting_s:.1f}s), {self.timed_unclaimed} timed unclaimed")
+    line = ("GEMM selections tuned in shares: {selections}; shares timed here {shares_timed} ({taken_over} taken "
+            "over, {choices_timed} choices, {timing_s:.1f}s), received {shares_received} (waited {waiting_s:.1f}s), "
+            "{timed_unclaimed} timed unclaimed")
+    shown_if = ("selections",)
 
 
 def split(hashes: list[str], shares: int) -> tuple[list[int], list[list[int]]]:
@@ -130,14 +117,13 @@ def local_ranks() -> tuple[int, int]:
     return rank % max(local_world, 1), local_world
 
 
-class SplitTuning(Feature):
+class SplitTuning(Feature, counts=SplitTuningCounts):
     """GEMM selections timed in shares by the ranks that reach them."""
 
     name = "split_tuning"
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
-        self.counts = SplitTuningCounts()
         self._lock = threading.Lock()
         #: (own share, shares) once decided; ``False``: this process tunes as Inductor does.
         self._plan: tuple[int, int] | bool | None = None

@@ -32,7 +32,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from coordinator.observe.stats import Stats
+from coordinator.observe.stats import Counts, Stats
 
 log = logging.getLogger(__name__)
 
@@ -43,42 +43,31 @@ _DRAWN = {"receive": ("loading", "tab:green"), "compile": ("compiling", "tab:blu
           "wait": ("waiting", "tab:orange")}
 
 
-@dataclasses.dataclass
-class RankRow:
-    """One rank's line of the report."""
+#: Each count of a rank's row, and the key of ``Stats.as_dict`` it is read from.
+_FROM_STATS = {"compiled": "graphs_compiled", "received": "graphs_received",
+               "local_hits": "graphs_found_in_local_cache", "waits": "waits", "waited_s": "waited_s",
+               "saved_s": "compile_time_saved_s", "bytes_received": "bytes_received",
+               "bytes_published": "bytes_published", "rejected": "rejected",
+               "shares": "split_graphs_compiled_for_the_job"}
+
+
+class RankRow(Counts, compiled=0, received=0, local_hits=0, waits=0, waited_s=0.0, saved_s=0.0, bytes_received=0,
+              bytes_published=0, rejected=0, shares=0, first_step_s=None):
+    """One rank's line of the report (``first_step_s``: seconds from the job's first event
+    to this rank's step 1)."""
 
     rank: int
-    compiled: int = 0
-    received: int = 0
-    local_hits: int = 0
-    waits: int = 0
-    waited_s: float = 0.0
-    saved_s: float = 0.0
-    bytes_received: int = 0
-    bytes_published: int = 0
-    rejected: int = 0
-    shares: int = 0
-    first_step_s: float | None = None  # seconds from the job's first event to this rank's step 1
 
 
-@dataclasses.dataclass
-class FrameRow:
-    """One split frame of the job, over its ranks (``coordinator.features.split_shares``)."""
+class FrameRow(Counts, graphs=0, compiled=0, served=0, missed=0, shares_s=0.0, chains_s=0.0):
+    """One split frame of the job, over its ranks (``coordinator.features.split_shares``):
+    its submodules (``graphs``: the most any rank's chain looked up); submodules
+    ``compiled`` for the job (shares); chain lookups that found the entry (``served``) and
+    that compiled the submodule instead (``missed``); the seconds the ranks spent on their
+    shares of it (``shares_s``) and those of its chains (``chains_s``: every submodule looked
+    up, waited for, loaded or compiled); each over all ranks."""
 
     frame: int
-    #: Its submodules (the most any rank's chain looked up).
-    graphs: int = 0
-    #: Submodules compiled for the job (shares), over all ranks.
-    compiled: int = 0
-    #: Chain lookups that found the entry, over all ranks.
-    served: int = 0
-    #: Chain lookups that compiled the submodule instead, over all ranks.
-    missed: int = 0
-    #: Seconds the ranks spent on their shares of it, summed over ranks.
-    shares_s: float = 0.0
-    #: Seconds of its chains (every submodule looked up, waited for, loaded or compiled),
-    #: summed over ranks.
-    chains_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -192,11 +181,7 @@ def rows(traces: dict[int, list[dict]]) -> list[RankRow]:
             if e["name"] == "step" and e.get("args", {}).get("n") == 1:
                 first_step_s = (e["ts"] - start) / 1e6
         d = stats.as_dict()
-        table.append(RankRow(rank, compiled=d["graphs_compiled"], received=d["graphs_received"],
-                             local_hits=d["graphs_found_in_local_cache"], waits=d["waits"], waited_s=d["waited_s"],
-                             saved_s=d["compile_time_saved_s"], bytes_received=d["bytes_received"],
-                             bytes_published=d["bytes_published"], rejected=d["rejected"],
-                             shares=d["split_graphs_compiled_for_the_job"], first_step_s=first_step_s))
+        table.append(RankRow(rank, first_step_s=first_step_s, **{count: d[key] for count, key in _FROM_STATS.items()}))
     return table
 
 

@@ -34,36 +34,59 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
-class SplitGraphCounts:
-    """DDPOptimizer's split graphs in AOTAutograd's cache (``_compat.cached_split_graphs``)."""
+class Counts:
+    """Counters declared in their class line: ``class Mine(Counts, hits=0, seconds=0.0,
+    failed=False, frames=list)`` is a dataclass of those fields, in that order, after any its
+    body annotates (a field without a default, such as a table row's key); each starts at the
+    value given, or at a fresh call of the type given (``list``: a list of its own).
 
-    #: Misses saved to AOTAutograd's cache with their fake outputs.
-    saved: int = 0
-    #: Hits whose fake outputs were rebuilt.
-    served: int = 0
-    #: Misses left to the bypass: their outputs cannot be described.
-    bypassed: int = 0
-    #: Hits turned into misses: no description, or one that does not fit.
-    refused: int = 0
+    Its :meth:`summary` (a line of ``Stats.details``) is :attr:`line` with the counts filled in
+    (``str.format``); nothing while every count :attr:`shown_if` names is 0. A class whose line
+    needs more than that overrides it."""
+
+    #: The summary line, ``{name}`` standing for a count (empty: it says nothing).
+    line: ClassVar[str] = ""
+    #: Counts of which one at least must not be 0 for a summary line (empty: always one).
+    shown_if: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **fields: Any) -> None:
+        super().__init_subclass__()
+        annotations = dict(cls.__dict__.get("__annotations__", {}))
+        for name, start in fields.items():
+            fresh = isinstance(start, type)
+            annotations[name] = start if fresh else type(start)
+            setattr(cls, name, dataclasses.field(default_factory=start) if fresh else start)
+        cls.__annotations__ = annotations
+        dataclasses.dataclass(cls)
+
+    def summary(self) -> str:
+        if self.shown_if and not any(getattr(self, name) for name in self.shown_if):
+            return ""
+        return self.line.format_map(vars(self))
+
+    def add(self, **added: float) -> None:
+        """Add to counts by name (under the lock of whoever shares them between threads)."""
+        for name, n in added.items():
+            setattr(self, name, getattr(self, name) + n)
 
 
-@dataclasses.dataclass
-class KindCounts:
+class SplitGraphCounts(Counts, saved=0, served=0, bypassed=0, refused=0):
+    """DDPOptimizer's split graphs in AOTAutograd's cache (``_compat.cached_split_graphs``):
+    misses ``saved`` to AOTAutograd's cache with their fake outputs; hits whose fake outputs
+    were rebuilt (``served``); misses left to the bypass, their outputs cannot be described
+    (``bypassed``); hits turned into misses, no description or one that does not fit
+    (``refused``)."""
+
+
+class KindCounts(Counts, hits=0, misses=0, compiled=0, published=0, rejected=0):
     """One cache kind's lookups and publishes: ``misses`` counts lookups that found no
     usable value, ``compiled`` the values this rank computed (an FX graph looked up while
     AOTAutograd loads an entry is a miss, compiled at a later lookup)."""
-
-    hits: int = 0
-    misses: int = 0
-    compiled: int = 0
-    published: int = 0
-    rejected: int = 0
 
 
 def _kind(key: str) -> str:
@@ -148,7 +171,7 @@ class Stats:
 
     def record_split_graph(self, event: str) -> None:
         with self._lock:
-            setattr(self.split_graphs, event, getattr(self.split_graphs, event) + 1)
+            self.split_graphs.add(**{event: 1})
 
     def record_store_fetch(self) -> None:
         with self._lock:
