@@ -151,6 +151,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: The settings that are whole numbers: each one's least value, and the reason an error gives.
+_WHOLE_NUMBERS = (("publish_queue_mb", 0, "must be a whole number of MB, 0 or more"),
+                  ("chunk_bytes", 1024, "must be a whole number of bytes, at least 1024"))
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class Config:
     """Validated settings of one ``compile_once`` session."""
@@ -317,11 +322,10 @@ class Config:
                 raise self._invalid(name, "must be a positive number of seconds (or a positive timedelta)")
             setattr(self, name, value)
         self._check_caches()
-        if not isinstance(self.publish_queue_mb, int) or isinstance(self.publish_queue_mb, bool) \
-                or self.publish_queue_mb < 0:
-            raise self._invalid("publish_queue_mb", "must be a whole number of MB, 0 or more")
-        if not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1024:
-            raise self._invalid("chunk_bytes", "must be a whole number of bytes, at least 1024")
+        for name, least, reason in _WHOLE_NUMBERS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise self._invalid(name, reason)
         if not isinstance(self.namespace, str) or not re.fullmatch(r"[A-Za-z0-9._-]*", self.namespace):
             raise self._invalid("namespace", "may only hold letters, digits, '.', '_' and '-'")
         if isinstance(self.trace_dir, str):
@@ -344,10 +348,7 @@ class Config:
 
     def _check_store(self) -> None:
         if isinstance(self.store, str):
-            try:
-                check_store_url(self.store)
-            except ConfigError as exc:
-                raise self._invalid("store", str(exc)) from None
+            self._check_url("store")
             if urlparse(self.store).scheme in OBJECT_SCHEMES:
                 raise self._invalid("store", "an object store keeps bundles and the persistent layer, not a job's "
                                              "live claims: give it as persist (COORDINATOR_PERSIST) or a bundle "
@@ -368,10 +369,14 @@ class Config:
         if not isinstance(self.persist, str):
             raise self._invalid("persist", "must be a store URL: s3://bucket/prefix, gs://..., az://..., "
                                            "file:///dir, redis://...")
+        self._check_url("persist")
+
+    def _check_url(self, name: str) -> None:
+        """The setting ``name``'s URL checked as every store URL is (:func:`check_store_url`)."""
         try:
-            check_store_url(self.persist)
+            check_store_url(getattr(self, name))
         except ConfigError as exc:
-            raise self._invalid("persist", str(exc)) from None
+            raise self._invalid(name, str(exc)) from None
 
     def _invalid(self, name: str, reason: str) -> ConfigError:
         return _invalid(name, getattr(self, name), reason)
