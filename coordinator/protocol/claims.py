@@ -136,20 +136,23 @@ class Claims:
     """The claims this process holds in one store (by key), their creation, end signal,
     release and deletion, and the heartbeat that keeps them alive.
 
-    ``on_error`` hears of every store failure met while ending a claim or beating,
-    ``on_success`` of each heartbeat round that met none; ``reachable`` tells whether the
-    store may be asked now (else a release waits for the heartbeat thread).
+    ``on_error`` hears of every store failure met while publishing or abandoning a claim or
+    beating, ``on_written`` of a publish's end written, ``on_success`` of each heartbeat round
+    that met no failure; ``reachable`` tells whether the store may be asked now (else a
+    release waits for the heartbeat thread).
     """
 
     def __init__(self, store: Store, owner: Owner, lease_s: float, liveness: JobLiveness, *,
                  on_error: Callable[[StoreError], None] = lambda exc: None,
                  on_success: Callable[[], None] = lambda: None,
+                 on_written: Callable[[], None] = lambda: None,
                  reachable: Callable[[], bool] = lambda: True) -> None:
         self.store = store
         self.owner = owner
         self.lease = lease_s
         self.liveness = liveness
-        self.on_error, self.on_success, self.reachable = on_error, on_success, reachable
+        self.on_error, self.on_success, self.on_written = on_error, on_success, on_written
+        self.reachable = reachable
         expires = store.expires
         self.claim_ttl = timedelta(seconds=lease_s * CLAIM_TTL_LEASES) if expires else None
         self.keys_ttl = timedelta(seconds=lease_s * KEYS_TTL_LEASES) if expires else None
@@ -221,23 +224,23 @@ class Claims:
 
     # -- a claim's end ---------------------------------------------------------------
 
-    def published(self, key: str, value: bytes) -> StoreError | None:
+    def published(self, key: str, value: bytes) -> None:
         """End ``key``'s claim after its value was written to ``v/<key>``: the end signal
-        (carrying a value of up to ``INLINE_VALUE_BYTES``), the "done" marker ``d/<key>``,
-        then the claim's own keys deleted, so that a woken waiter finds everything it reads
-        already written. The marker is written even where this process held no claim (an
-        offer's copy). Returns the store's error if the signal or the marker failed."""
+        (carrying a value of up to ``INLINE_VALUE_BYTES``), the "done" marker ``d/<key>``
+        (``on_error`` or ``on_written`` hears how they went), then the claim's own keys
+        deleted, so that a woken waiter finds everything it reads already written. The marker
+        is written even where this process held no claim (an offer's copy)."""
         claim = self.pop(key)
-        error: StoreError | None = None
         try:
             if claim is not None:
                 self._signal_end(claim, VALUE + value if len(value) <= INLINE_VALUE_BYTES else PUBLISHED)
             self.store.set(f"d/{key}", b"1")
         except StoreError as exc:
-            error = exc
+            self.on_error(exc)
+        else:
+            self.on_written()
         if claim is not None:
             self._delete(key, claim)
-        return error
 
     def drop(self, key: str) -> None:
         """End a claim whose value another process published meanwhile."""

@@ -4,7 +4,8 @@ A lookup returns the published value, or claims the key (the caller computes it)
 while another process holds it (``coordinator.protocol.waiting``) and takes it over when the
 claimant's lease lapses; ``coordinator.protocol.singleflight`` describes the protocol and
 why its waits form no cycle. How a claim ends (published, dropped, handed off, abandoned) is
-``coordinator.protocol.claims``'s alone; the writes that end one are
+``coordinator.protocol.claims``'s alone: a lookup that claims a key whose value was published
+meanwhile drops its claim there; the writes of a claimed value are
 ``coordinator.protocol.publishing``'s.
 
 Every entry point answers at once with ``unavailable`` while the store is in its backoff

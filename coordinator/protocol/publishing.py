@@ -5,7 +5,8 @@ the "done" marker, the claim's keys deleted). A value written behind the compile
 writer (``coordinator.protocol.writer``) with its claim handed off, so that the claimant may
 wait on other claims while it is written. A value that cannot be written (the store is down
 or refuses writes, the value is larger than the store can hold, the writer's queue is full)
-abandons its claim instead, which ends its waiters' waits at once. The marks a process sets
+abandons its claim instead (``Claims.abandon``: at once where the store answers, else from the
+heartbeat thread), which ends its waiters' waits. The marks a process sets
 once (``n/<key>/<mark>``) are written here too. ``coordinator.protocol.singleflight``
 describes the protocol.
 """
@@ -54,11 +55,7 @@ class Publisher:
         if unsent:
             self.claims.abandon(key)
             return False
-        error = self.claims.published(key, value)
-        if error is not None:
-            self.health.failed(error)
-        else:
-            self.health.wrote()
+        self.claims.published(key, value)
         return True
 
     def publish_behind(self, key: str, value: Callable[[], bytes], *, nbytes: int, what: str,

@@ -39,11 +39,11 @@ A claimant that cannot finish its claim (its compile failed, its publish failed,
 refuses writes, the value is larger than the store can hold) releases it at once, best
 effort, which ends its waiters' waits as an abandoned claim does.
 
-The rooms of the protocol, each used by the one above it::
+The rooms of the protocol, from the top down (each uses only rooms below it)::
 
     singleflight   this process's view: the two sides below, and the store's health
     lookups        taking and following claims (lookup, offer, follow, claim_or_follow, settle)
-    publishing     writing a claimed value, in front of or behind the compile; abandoning
+    publishing     writing a claimed value, in front of or behind the compile, and the marks
     waiting        the one wait loop on a claimant's signals, and its judgement
     claims         the claims this process holds: taking one, and its end, whichever it is
                    (published, dropped, handed off, abandoned), and their heartbeat
@@ -155,7 +155,8 @@ class Singleflight:
         lease_s = lease.total_seconds()
         self._liveness = JobLiveness(store, owner.job, lease_s)
         self._claims = Claims(store, owner, lease_s, self._liveness, on_error=self.health.failed,
-                              on_success=self.health.answered, reachable=self.health.reachable)
+                              on_success=self.health.answered, on_written=self.health.wrote,
+                              reachable=self.health.reachable)
         waiter = Waiter(store, lease_s=lease_s, wait_timeout_s=wait_timeout.total_seconds(),
                         progress_interval_s=progress_interval.total_seconds(), signalled_waits=signalled_waits,
                         liveness=self._liveness)
