@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -299,21 +299,15 @@ def azure_server(tmp_path, monkeypatch):
     server.kill()
 
 
-class SilentServer:
-    """A server that accepts connections and never answers: a provider that hangs, or a
-    machine whose kernel still accepts while its server does nothing. ``connections`` counts
-    the connections it accepted (a client's tries)."""
+class Listener:
+    """A TCP listener on a free port of 127.0.0.1 whose thread hands each connection it
+    accepts to :meth:`accepted`, until :meth:`stop_listening`."""
 
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+    def __init__(self, backlog: int | None = None) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=backlog)
         self.port = self.listener.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._held: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def connections(self) -> int:
-        return len(self._held)
 
     def _accept(self) -> None:
         while True:  # until the listener closes
@@ -321,14 +315,37 @@ class SilentServer:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            self._held.append(client)
+            self.accepted(client)
 
-    def close(self) -> None:
+    def accepted(self, client: socket.socket) -> None:
+        raise NotImplementedError
+
+    def stop_listening(self) -> None:
         try:
             self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (Linux)
         except OSError:
             pass
         self.listener.close()
+
+
+class SilentServer(Listener):
+    """A server that accepts connections and never answers: a provider that hangs, or a
+    machine whose kernel still accepts while its server does nothing. ``connections`` counts
+    the connections it accepted (a client's tries)."""
+
+    def __init__(self) -> None:
+        self._held: list[socket.socket] = []
+        super().__init__(backlog=128)
+
+    @property
+    def connections(self) -> int:
+        return len(self._held)
+
+    def accepted(self, client: socket.socket) -> None:
+        self._held.append(client)
+
+    def close(self) -> None:
+        self.stop_listening()
         for sock in self._held:
             sock.close()
 
@@ -338,6 +355,78 @@ def silent_server():
     server = SilentServer()
     yield server
     server.close()
+
+
+class Link(Listener):
+    """A TCP relay to a server, standing for the network path to it: it records the request
+    line of each connection and can be cut (every connection closed, new ones refused), after
+    ``cut_after`` bytes sent to the server; ``rate`` bounds the bytes per second each
+    connection sends."""
+
+    def __init__(self, server_port: int, *, cut_after: int | None = None, rate: float | None = None,
+                 at_cut: Callable[[], None] | None = None) -> None:
+        self.server_port, self.cut_after, self.rate = server_port, cut_after, rate
+        #: What happens after ``cut_after`` bytes: the link is cut (default), or this is called.
+        self.at_cut = at_cut or self.close
+        self.sent = 0
+        self.requests: list[str] = []
+        self.cut = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        super().__init__()
+
+    def accepted(self, client: socket.socket) -> None:
+        try:
+            server = socket.create_connection(("127.0.0.1", self.server_port))
+        except OSError:  # the server is gone: so is this connection
+            client.close()
+            return
+        with self._lock:
+            self._sockets += [client, server]
+        threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, to_server: bool) -> None:
+        first = to_server
+        try:
+            while True:
+                data = source.recv(64 * 1024)
+                if not data:
+                    break
+                if first:
+                    self.requests.append(data.split(b"\r\n", 1)[0].decode(errors="replace"))
+                    first = False
+                if to_server and self.rate:
+                    time.sleep(len(data) / self.rate)
+                sink.sendall(data)
+                if to_server:
+                    with self._lock:
+                        self.sent += len(data)
+                        cut = self.cut_after is not None and self.sent >= self.cut_after and not self.cut.is_set()
+                    if cut:
+                        self.cut.set()
+                        self.at_cut()
+                        return
+        except OSError:
+            pass
+        for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Cut the link: close every connection and refuse new ones."""
+        self.cut.set()
+        self.stop_listening()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
 
 
 @pytest.fixture

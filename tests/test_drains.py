@@ -10,8 +10,7 @@ import os
 import time
 
 import pytest
-from conftest import RedisServer
-from test_object_stores import Link
+from conftest import Link, RedisServer
 
 from coordinator import Config
 from coordinator.features.persistent import PersistentLayer

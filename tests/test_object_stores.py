@@ -15,10 +15,8 @@ import json
 import logging
 import os
 import re
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +26,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import torch
-from conftest import S3Server, machine_env
+from conftest import Link, S3Server, machine_env
 
 import coordinator
 from coordinator import ConfigError, StoreError
@@ -46,90 +44,6 @@ from coordinator.testing import free_port
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train.py"
 MIB = 1024 * 1024
-
-
-class Link:
-    """A TCP relay to a server, standing for the network path to it: it records the request
-    line of each connection and can be cut (every connection closed, new ones refused), after
-    ``cut_after`` bytes sent to the server; ``rate`` bounds the bytes per second each
-    connection sends."""
-
-    def __init__(self, server_port: int, *, cut_after: int | None = None, rate: float | None = None,
-                 at_cut: Callable[[], None] | None = None) -> None:
-        self.server_port, self.cut_after, self.rate = server_port, cut_after, rate
-        #: What happens after ``cut_after`` bytes: the link is cut (default), or this is called.
-        self.at_cut = at_cut or self.close
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.sent = 0
-        self.requests: list[str] = []
-        self.cut = threading.Event()
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:  # until the listener closes
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(("127.0.0.1", self.server_port))
-            except OSError:  # the server is gone: so is this connection
-                client.close()
-                continue
-            with self._lock:
-                self._sockets += [client, server]
-            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket, to_server: bool) -> None:
-        first = to_server
-        try:
-            while True:
-                data = source.recv(64 * 1024)
-                if not data:
-                    break
-                if first:
-                    self.requests.append(data.split(b"\r\n", 1)[0].decode(errors="replace"))
-                    first = False
-                if to_server and self.rate:
-                    time.sleep(len(data) / self.rate)
-                sink.sendall(data)
-                if to_server:
-                    with self._lock:
-                        self.sent += len(data)
-                        cut = self.cut_after is not None and self.sent >= self.cut_after and not self.cut.is_set()
-                    if cut:
-                        self.cut.set()
-                        self.at_cut()
-                        return
-        except OSError:
-            pass
-        for sock in (source, sink):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        """Cut the link: close every connection and refuse new ones."""
-        self.cut.set()
-        try:
-            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept and stops listening (Linux)
-        except OSError:
-            pass
-        self.listener.close()
-        with self._lock:
-            sockets, self._sockets = self._sockets, []
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
 
 
 @pytest.fixture(autouse=True)
