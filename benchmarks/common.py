@@ -155,6 +155,8 @@ def run_job(cmd: list[str], env: dict[str, str], out: Path, *, timeout: float, l
             log.write_text(output)
         raise JobTimedOut(timeout) from None
     except BaseException:
+        if gpu:
+            gpu.stop()
         _stop(job)
         raise
     gpu_percent = gpu.stop() if gpu else None
@@ -258,14 +260,20 @@ def suite_command(launcher: str, n: int, model: str, out: Path, args: argparse.N
                           "--json", str(out), *job_args, launcher_args=launcher_args)
 
 
+def suite_backend(env: dict[str, str], n: int, gpu: bool) -> None:
+    """Where ``n`` ranks on GPUs outnumber the machine's GPUs, they share them over gloo."""
+    if gpu and n > 1 and n > gpu_count():
+        env["SUITE_BACKEND"] = "gloo"
+
+
 def stock_or_ours_job(name: str, model: str, n: int, args: argparse.Namespace, *, cache: Path, work: Path,
                       store: Path | None, env: dict[str, str] | None = None,
-                      profile: str | None = None) -> tuple[dict, str]:
+                      profile: str | None = None, log_label: str | None = None) -> tuple[dict, str]:
     """One job of ``model_suite_job.py`` named ``name``: ``stock ...`` under torchrun, ``ours ...``
     under coordinator-run with a ``file://`` store in ``store`` (none: the job's own TCPStore);
     its ranks share the Inductor (and Triton) cache dir ``cache``, as on one node. Returns
     ``{"job", "model", "n", "wall_s", **what rank 0 wrote}`` and the job's output, which goes to
-    ``args.job_logs`` too."""
+    ``args.job_logs`` too (named after ``log_label``, default ``args.label``)."""
     ours = name.startswith("ours")
     out = work / f"{name.replace(' ', '-')}-{model}-n{n}.json"
     cmd = suite_command(COORDINATOR_RUN if ours else TORCHRUN, n, model, out, args,
@@ -276,9 +284,8 @@ def stock_or_ours_job(name: str, model: str, n: int, args: argparse.Namespace, *
         env["COORDINATOR_STORE"] = f"file://{store}"
     elif ours:
         env.pop("COORDINATOR_STORE", None)
-    if args.gpu and n > 1 and n > gpu_count():
-        env["SUITE_BACKEND"] = "gloo"
-    log = log_file(args.job_logs, f"{args.label}-{model}-n{n}-{name.replace(' ', '-')}.log")
+    suite_backend(env, n, args.gpu)
+    log = log_file(args.job_logs, f"{log_label or args.label}-{model}-n{n}-{name.replace(' ', '-')}.log")
     done = run_job(cmd, env, out, timeout=args.timeout, log=log)
     return {"job": name, "model": model, "n": n, "wall_s": done.wall_s, **done.result}, done.output
 

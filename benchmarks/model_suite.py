@@ -94,8 +94,7 @@ def suite_job(model: str, n: int, launcher: str, args: argparse.Namespace) -> di
         cmd = common.suite_command(LAUNCHERS[launcher], n, model, out, args,
                                    *([] if args.node_cache else ["--cache-per-rank"]), launcher_args=trace)
         env = common.job_env(tmp)
-        if args.gpu and n > common.gpu_count():
-            env["SUITE_BACKEND"] = "gloo"
+        common.suite_backend(env, n, args.gpu)
         log = common.log_file(args.job_logs, f"{args.label}-{model}-{launcher}-n{n}-{time.time():.0f}.log")
         result = common.run_job(cmd, env, out, timeout=args.timeout, log=log).result
         if trace:
@@ -132,8 +131,7 @@ def split_graphs_through_aot(run: dict) -> tuple[int, int] | None:
     if any(shares):
         ran = sum(x.get("compiled", 0) + x.get("skipped", 0) + x.get("failed", 0) + x.get("missed", 0)
                   for x in shares)
-        frames = [x.get("frames", []) for x in shares]
-        graphs = sum(max(f[n]["graphs"] for f in frames if len(f) > n) for n in range(max(map(len, frames))))
+        graphs = sum(graphs for graphs, *_ in frames(run))
         return (ran, graphs) if graphs else None
     bypassed = [rank["aot_autograd"].get("autograd_cache_bypass", 0) for rank in run["ranks"]]
     return (sum(bypassed), max(bypassed)) if any(bypassed) else None
@@ -233,21 +231,16 @@ def step_times(job: dict) -> list[float]:
     return [end - before for end, before in zip(ends, [begin, *ends[:-1]], strict=True)]
 
 
-def split_counts(job: dict) -> list[list[dict]]:
-    """Each rank's counts per split frame (ours only)."""
-    return [common.split_shares(r).get("frames") or [] for r in job["ranks"]]
+def per_frame(job: dict) -> list[list[dict]]:
+    """Per split frame of ours' job, the counts of each rank that ran it."""
+    per_rank = [common.split_shares(r).get("frames") or [] for r in job["ranks"]]
+    return [[f[n] for f in per_rank if len(f) > n] for n in range(max(map(len, per_rank), default=0))]
 
 
 def frames(job: dict) -> list[tuple[int, int, int, int]]:
     """Per split frame, over the ranks: (graphs, compiled for the job, served, missed)."""
-    per_rank = split_counts(job)
-    if not any(per_rank):
-        return []
-    count = max(len(f) for f in per_rank)
-    return [(max(f[n]["graphs"] for f in per_rank if len(f) > n),
-             sum(f[n]["compiled"] for f in per_rank if len(f) > n),
-             sum(f[n]["served"] for f in per_rank if len(f) > n),
-             sum(f[n]["missed"] for f in per_rank if len(f) > n)) for n in range(count)]
+    return [(max(c["graphs"] for c in counted), sum(c["compiled"] for c in counted),
+             sum(c["served"] for c in counted), sum(c["missed"] for c in counted)) for counted in per_frame(job)]
 
 
 def frame_seconds(rank: dict, compile_id: str) -> float:
@@ -266,12 +259,8 @@ def prices(job: dict, stock: dict) -> list[dict]:
     """Per split frame of ours' job: the seconds all its ranks spent on the frame, the
     seconds one stock rank spent on it (the mean over stock's ranks), and ours' shares and
     chains summed over ranks."""
-    per_rank = split_counts(job)
-    if not any(per_rank):
-        return []
     found = []
-    for n in range(max(len(f) for f in per_rank)):
-        counted = [f[n] for f in per_rank if len(f) > n]
+    for n, counted in enumerate(per_frame(job)):
         compile_id = counted[0].get("compile_id", "")
         if not compile_id:
             continue
@@ -368,10 +357,10 @@ def run_split(args: argparse.Namespace) -> None:
                         if args.trace and name.startswith("ours"):
                             trace = Path(args.job_logs) / f"{args.label}-{model}-n{n}-pair{pair + 1}-trace"
                             env["COORDINATOR_TRACE"] = str(trace)
-                        logged = argparse.Namespace(**{**vars(args), "label": f"{args.label}-pair{pair + 1}"})
                         cache = Path(tmp) / name.replace(" ", "-")
-                        jobs[name], _ = common.stock_or_ours_job(name, model, n, logged, cache=cache, work=Path(tmp),
-                                                                 store=Path(tmp) / "store", env=env)
+                        jobs[name], _ = common.stock_or_ours_job(name, model, n, args, cache=cache, work=Path(tmp),
+                                                                 store=Path(tmp) / "store", env=env,
+                                                                 log_label=f"{args.label}-pair{pair + 1}")
                         jobs[name]["pair"] = pair
                         raw["jobs"].append(jobs[name])
                         save_run(args, raw, table)
