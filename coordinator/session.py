@@ -48,6 +48,9 @@ from coordinator.settings import Config
 
 log = logging.getLogger(__name__)
 
+#: Where a hit's value came from, as its ``receive`` event says (else ``store``).
+_SOURCES = {Outcome.NODE: "node", Outcome.PREPARED: "prefetch"}
+
 _TIME_TAKEN = re.compile(rb'"time_taken_ms":\s*(\d+)')
 
 _F = TypeVar("_F", bound=Feature)
@@ -179,6 +182,10 @@ class Session:
         may_wait = not flight.holds_claims() and not any(feature.forbids_waits() for feature in self.features)
         work_first = next((work for feature in self.features
                            if (work := feature.work_while_waiting(kind)) is not None), None)
+        prepared = None if rejected is not None else next(
+            (value for feature in self.features if (value := feature.prepared(key)) is not None), None)
+        if prepared is not None:  # fetched ahead: no store request, no node lock, no claim
+            return LookupResult(prepared, Outcome.PREPARED)
         if rejected is not None:
             self._node.forget(key, rejected)
             result = flight.lookup(key, blocking=blocking, rejected=rejected)
@@ -242,7 +249,8 @@ class Session:
         if not all(feature.accepts(kind, key, sealed.meta) for feature in self.features):
             self._missed(kind, key, inductor_key)
             return None
-        self._received(kind, key, sealed, len(result.value), from_node=result.outcome == Outcome.NODE, began=began)
+        self._received(kind, key, sealed, len(result.value), source=_SOURCES.get(result.outcome, "store"),
+                       began=began)
         return sealed.payload
 
     def _lookup_once(self, flight: Singleflight, kind: str, key: str, rejected: bytes | None = None) -> LookupResult:
@@ -261,7 +269,7 @@ class Session:
             self.events.instant("rejected", key=short_key(key), why=str(exc))
             return None
 
-    def _received(self, kind: str, key: str, sealed, nbytes: int, *, from_node: bool, began: float) -> None:
+    def _received(self, kind: str, key: str, sealed, nbytes: int, *, source: str, began: float) -> None:
         """Write a hit's kernels, extend NCCL timeouts by the compile time its entry records,
         count it (and that time as saved, for a kind whose hit saves it:
         ``_compat.hit_saves_compile``)."""
@@ -279,7 +287,7 @@ class Session:
             extension = _compat.extend_nccl_timeouts(recorded_s)
         saved = {"saved_s": round(recorded_s, 3)} if _compat.hit_saves_compile(kind) else {}
         self.events.span("receive", began, key=short_key(key), bytes=nbytes, kernels=written,
-                         **saved, **{"from": "node" if from_node else "store"})
+                         **saved, **{"from": source})
         if extension:
             self.events.instant("timeout extension", seconds=extension)
 

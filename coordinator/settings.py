@@ -153,6 +153,7 @@ def __getattr__(name: str) -> Any:
 
 #: The settings that are whole numbers: each one's least value, and the reason an error gives.
 _WHOLE_NUMBERS = (("publish_queue_mb", 0, "must be a whole number of MB, 0 or more"),
+                  ("prefetch_mb", 0, "must be a whole number of MB, 0 or more"),
                   ("chunk_bytes", 1024, "must be a whole number of bytes, at least 1024"))
 
 
@@ -222,6 +223,15 @@ class Config:
     """A rank publishes what it compiled behind its compile, in a thread of its own
     (``coordinator.protocol.writer``): at most this many MB wait at once; an entry past the
     bound is not published (other ranks compile it). 0: publish inside the compile."""
+
+    prefetch_mb: int = _setting(
+        1024, env="COORDINATOR_PREFETCH_MB", parse=_integer,
+        help="MB of the last run's entries a rank fetches and verifies while its script starts, from the "
+             "store URL and the persistent layer; 0 turns it off (default 1024)")
+    """Each rank keeps an index of the entries it asked for in the stores a later run can
+    reach at its start (a ``store`` URL, the persistent layer); a restarting rank fetches and
+    verifies what its last index names, up to this many MB, while its script starts
+    (``coordinator.features.prefetch``). 0: no index, no prefetch."""
 
     drain_timeout: timedelta = _setting(
         timedelta(seconds=300), env="COORDINATOR_DRAIN_TIMEOUT_S", parse=_seconds,

@@ -182,7 +182,7 @@ def test_compile_once_accepts_every_setting_the_readme_lists(tmp_path, monkeypat
     defaults = Config()
     other = {"store": f"file://{tmp_path}", "persist": f"file://{tmp_path / 'persist'}", "secret": b"s",
              "namespace": "team", "caches": ("fx_graph",), "chunk_bytes": 4096, "publish_queue_mb": 16,
-             "trace_dir": tmp_path / "trace"}
+             "prefetch_mb": 8, "trace_dir": tmp_path / "trace"}
     for field in dataclasses.fields(Config):
         default = getattr(defaults, field.name)
         if field.name not in other:

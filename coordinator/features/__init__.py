@@ -14,15 +14,17 @@ from coordinator.features.early_backward import EarlyBackwards
 from coordinator.features.local_hits import LocalHits
 from coordinator.features.persistent import PersistentLayer
 from coordinator.features.precompiled import PrecompiledFunctions
+from coordinator.features.prefetch import Prefetch
 from coordinator.features.rank_dependence import RankDependence
 from coordinator.features.split_graphs import SplitGraphs
 from coordinator.features.split_shares import SplitShares
 from coordinator.features.split_tuning import SplitTuning
 from coordinator.features.tuning_steps import TuningSteps
 
-#: Every compile feature, in the order a session asks them (the persistent layer first: it
-#: answers a miss before any feature acts on one).
+#: Every compile feature, in the order a session asks them (what was fetched ahead first,
+#: then the persistent layer: it answers a miss before any feature acts on one).
 FEATURES: list[type[Feature]] = [
+    Prefetch,
     PersistentLayer,
     RankDependence,
     TuningSteps,

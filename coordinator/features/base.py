@@ -133,6 +133,11 @@ class Feature:
         stop the compile that asked, or return another result (look again after a wait)."""
         return result
 
+    def prepared(self, key: str) -> bytes | None:
+        """The value of store key ``key`` if this feature fetched it ahead (unverified by
+        the session yet); ``None``: look it up."""
+        return None
+
     def asked(self, kind: str, inductor_key: str) -> None:
         """The store was asked for ``inductor_key`` of ``kind`` (hit or miss)."""
 

@@ -221,11 +221,13 @@ class Stats:
         :meth:`as_dict` have the rest."""
         d = self.as_dict()
         store = d["store"] + (", failed" if d["store_failed"] else "")
+        prefetch = d.get("prefetch") or {}
+        ahead = f"; prepared ahead {prefetch['prepared']}, used {prefetch['used']}" if prefetch.get("indexed") else ""
         return (f"compile_once rank {d['rank']}: compiled {d['graphs_compiled']}, received {d['graphs_received']}, "
                 f"local {d['graphs_found_in_local_cache']}, rank-dependent {d['graphs_rank_dependent']}; "
                 f"waits {d['waits']} ({d['waited_s']:.1f}s); saved {d['compile_time_saved_s']:.1f}s; "
                 f"MB in {d['bytes_received'] / 1e6:.2f}, out {d['bytes_published'] / 1e6:.2f}; "
-                f"rejected {d['rejected']}; store {store}")
+                f"rejected {d['rejected']}; store {store}{ahead}")
 
     def details(self) -> str:
         """What the summary leaves out, for the DEBUG log (all of it is in :meth:`as_dict`)."""

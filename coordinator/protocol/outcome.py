@@ -23,6 +23,7 @@ class Outcome(str, enum.Enum):
     UNAVAILABLE = "unavailable"  # the store failed
     NODE = "node"  # found on this node (``coordinator.protocol.node``)
     PERSISTED = "persisted"  # found in the persistent layer (``coordinator.features.persistent``)
+    PREPARED = "prepared"  # fetched before it was asked for (``coordinator.features.prefetch``)
     REJECTED = "rejected"  # a value that failed its reader's verification
 
     def __str__(self) -> str:

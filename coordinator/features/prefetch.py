@@ -1,0 +1,280 @@
+"""Restarts whose compiled entries are in memory before the first compile asks for them.
+
+A job asks the store for the same entries each time it runs. Each rank keeps an **index**
+of the store keys it asked for, in the order it asked, and writes it, sealed like every
+value (``coordinator.protocol.integrity``), after each compile and when its session ends, to
+the stores a later job can reach before its script has run: the ``store`` setting's URL
+and the persistent layer (``persist``). The job's own TCPStore is not one: it exists only
+after ``init_process_group`` and starts empty. The index's key names the secret's
+fingerprint, the namespace, the script and the rank, not the run (a restart is a new run):
+``prefetch/<secret>/<namespace>/<script>/rank<R>``.
+
+When a session starts (under ``coordinator-run``, before the script's first line), a thread
+reads its rank's index from those stores and fetches each value it names (the live store
+first, then the persistent layer), verifies it as every value is verified, and keeps it in
+memory, at most ``prefetch_mb`` MB, while the script imports, builds its model and sets up
+NCCL. A lookup of a key the thread holds takes it from memory (``Outcome.PREPARED``): no
+store request, no node lock, no claim. A lookup of a key the thread has not reached yet
+waits for it at most ``READY_WAIT``, then asks the store as without a prefetch; a key that
+failed (missing, refused, past the memory bound, a store that died) is asked of the store at
+once. A value that fails verification is never kept (counted as refused; the lookup then
+meets it in the store, refuses it again and has it compiled). An entry the job never asks
+for, such as a changed model's, costs its memory until the session ends, and the next index
+leaves it out. Each value is handed out once, then dropped.
+
+The summary's ``prefetch`` counts say how many entries the index named, how many were
+prepared ahead (MB, seconds), how many of those the job used, and how many were refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import msgpack
+
+from coordinator.errors import ConfigError, IntegrityError, StoreError
+from coordinator.features.base import Context, Feature
+from coordinator.observe.stats import Counts
+from coordinator.protocol.fingerprint import secret_fingerprint
+from coordinator.protocol.integrity import open_sealed, seal
+from coordinator.protocol.stores.base import Store
+
+log = logging.getLogger(__name__)
+
+#: Longest wait of a lookup for a key the thread has yet to fetch.
+READY_WAIT = timedelta(seconds=10)
+#: Values fetched at once (stores that answer over a network answer several requests at once).
+FETCHES_AT_ONCE = 4
+
+
+class PrefetchCounts(Counts, indexed=0, prepared=0, used=0, refused=0, missing=0, bytes=0, seconds=0.0,
+                     written=0):
+    """Entries the index named, prepared ahead (``bytes``, in ``seconds``), used by lookups,
+    refused (failed verification), missing from every store; indexes this rank ``written``."""
+
+    line = ("prefetch: {prepared} of {indexed} indexed entries prepared ahead ({bytes} bytes in {seconds:.2f}s), "
+            "{used} used, {refused} refused, {missing} missing")
+    shown_if = ("indexed",)
+
+
+def script_name() -> str:
+    """What names the job's script across its runs: the module of ``python -m``, else the
+    script's real path."""
+    argv = getattr(sys, "orig_argv", None) or []
+    if "-m" in argv[:-1]:
+        return "-m " + argv[argv.index("-m") + 1]
+    return os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else "<interactive>"
+
+
+def index_key(secret: bytes | None, namespace: str, script: str, rank: int) -> str:
+    """The store key of rank ``rank``'s index (``script``: :func:`script_name`)."""
+    digest = hashlib.sha256(script.encode()).hexdigest()[:16]
+    return f"prefetch/{secret_fingerprint(secret)}/{namespace or '_'}/{digest}/rank{rank}"
+
+
+def read_index(store: Store, key: str, secret: bytes | None) -> list[str] | None:
+    """The store keys an index names, or ``None`` if ``store`` holds none under ``key``.
+
+    Raises:
+        IntegrityError: the index fails verification.
+        StoreError: the store failed.
+    """
+    blob = store.get(key)
+    if blob is None:
+        return None
+    keys = msgpack.unpackb(open_sealed(key, blob, secret=secret, what="value").payload, raw=False)
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise IntegrityError(f"index {key} holds no list of keys")
+    return keys
+
+
+class Prefetch(Feature, counts=PrefetchCounts):
+    """This rank's index, and the entries it prepared from the last one."""
+
+    name = "prefetch"
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
+        config = context.config
+        self._bound = config.prefetch_mb * 2**20
+        #: Each store a restart can reach at its start, and the prefix of its values' keys:
+        #: the live store's (where the singleflight protocol keeps them), the persistent layer's.
+        self._sources = [(url, prefix) for url, prefix in ((config.store, "v/"), (config.persist, ""))
+                         if isinstance(url, str)]
+        self._key = index_key(config.secret, config.namespace, script_name(), int(os.environ.get("RANK", "0")))
+        self._lock = threading.Condition()
+        #: Store keys asked for in this session, in order; how many of them the last write held.
+        self._asked: dict[str, None] = {}
+        self._written = 0
+        self._writing = threading.Lock()
+        #: Keys of the last index not handed out yet: their values (``None``: still coming).
+        self._pending: dict[str, bytes | None] = {}
+        self._fetching = False
+        self._stores: list[tuple[Store, str]] | None = None
+        self._opening = threading.Lock()
+        if self.enabled(frozenset()):
+            self._fetching = True
+            threading.Thread(target=self._prepare, name="coordinator-prefetch", daemon=True).start()
+
+    def enabled(self, routed: frozenset[str]) -> bool:
+        return self._bound > 0 and bool(self._sources)
+
+    # -- preparing the last index's entries ------------------------------------------------
+
+    def _open(self) -> list[tuple[Store, str]]:
+        """The source stores with their values' prefix, opened once (those that cannot be
+        opened are left out)."""
+        from coordinator.protocol.stores import open_store
+
+        with self._opening:
+            if self._stores is None:
+                self._stores = []
+                for url, prefix in self._sources:
+                    try:
+                        self._stores.append((open_store(url, chunk_bytes=self.context.config.chunk_bytes), prefix))
+                    except (ConfigError, StoreError) as exc:
+                        log.debug("compile_once: prefetch cannot open %s: %s", url, exc)
+            return self._stores
+
+    def _prepare(self) -> None:
+        began = time.monotonic()
+        try:
+            stores = self._open()
+            keys = self._index(stores)
+            if keys:
+                with self._lock:
+                    self._pending = dict.fromkeys(keys)
+                    self.counts.indexed = len(keys)
+                with ThreadPoolExecutor(FETCHES_AT_ONCE, thread_name_prefix="coordinator-prefetch") as pool:
+                    for key in keys:
+                        pool.submit(self._fetch, stores, key)
+        except Exception as exc:  # never fails the job: its lookups ask the store
+            log.warning("compile_once: prefetch stopped: %s: %s", type(exc).__name__, exc)
+        finally:
+            with self._lock:
+                self._fetching = False
+                self._pending = {key: value for key, value in self._pending.items() if value is not None}
+                self.counts.seconds = round(time.monotonic() - began, 3)
+                self._lock.notify_all()
+        if self.counts.indexed:
+            log.info("compile_once: %s", self.counts.summary())
+
+    def _index(self, stores: list[tuple[Store, str]]) -> list[str]:
+        """The first index the stores hold for this rank (empty: none, or none that verifies)."""
+        for store, _ in stores:
+            try:
+                keys = read_index(store, self._key, self.context.config.secret)
+            except IntegrityError as exc:
+                log.warning("compile_once: refused the prefetch index %s in %s: %s", self._key, store.name, exc)
+                continue
+            except StoreError as exc:
+                log.debug("compile_once: no prefetch index from %s: %s", store.name, exc)
+                continue
+            if keys is not None:
+                return list(dict.fromkeys(keys))
+        return []
+
+    def _fetch(self, stores: list[tuple[Store, str]], key: str) -> None:
+        value = None
+        try:
+            with self._lock:
+                full = self.counts.bytes >= self._bound
+            if not full:
+                value = self._first_value(stores, key)
+        finally:
+            with self._lock:
+                if value is not None and self.counts.bytes + len(value) <= self._bound:
+                    self._pending[key] = value
+                    self.counts.prepared += 1
+                    self.counts.bytes += len(value)
+                else:
+                    self._pending.pop(key, None)
+                self._lock.notify_all()
+
+    def _first_value(self, stores: list[tuple[Store, str]], key: str) -> bytes | None:
+        """``key``'s value from the first store that holds one; ``None`` if none does or the
+        value fails verification."""
+        for store, prefix in stores:
+            try:
+                value = store.get(prefix + key)
+            except StoreError as exc:
+                log.debug("compile_once: prefetch of %s from %s failed: %s", key, store.name, exc)
+                continue
+            if value is None:
+                continue
+            try:
+                open_sealed(key, value, secret=self.context.config.secret)
+            except IntegrityError as exc:
+                log.warning("compile_once: prefetch refused %s from %s: %s", key, store.name, exc)
+                self._count(refused=1)
+                return None
+            return value
+        self._count(missing=1)
+        return None
+
+    def _count(self, **added: int) -> None:
+        with self._lock:
+            self.counts.add(**added)
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    def prepared(self, key: str) -> bytes | None:
+        """``key``'s value if it was prepared ahead (handed out once); waits up to
+        ``READY_WAIT`` for a key the thread has yet to fetch."""
+        with self._lock:
+            if key not in self._pending:
+                return None
+            deadline = time.monotonic() + READY_WAIT.total_seconds()
+            while self._pending.get(key, b"") is None and self._fetching:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.info("compile_once: prefetch of %s not ready after %.0fs; asking the store", key,
+                             READY_WAIT.total_seconds())
+                    return None
+                self._lock.wait(left)
+            value = self._pending.pop(key, None)
+            if value is not None:
+                self.counts.used += 1
+            return value
+
+    def asked(self, kind: str, inductor_key: str) -> None:
+        key = self.context.store_key(kind, inductor_key)
+        with self._lock:
+            self._asked.setdefault(key)
+
+    # -- writing this session's index --------------------------------------------------------
+
+    def compile_ended(self) -> None:
+        with self._lock:
+            if len(self._asked) == self._written:
+                return
+        threading.Thread(target=self._write, name="coordinator-prefetch-index", daemon=True).start()
+
+    def _write(self) -> None:
+        """Write the index to every source store, unless it holds nothing new; one write at a time."""
+        with self._writing:
+            with self._lock:
+                keys = list(self._asked)
+            if len(keys) == self._written:
+                return
+            blob = seal(self._key, msgpack.packb(keys), meta={"rank": int(os.environ.get("RANK", "0"))},
+                        secret=self.context.config.secret)
+            for store, _ in self._open():
+                try:
+                    store.set(self._key, blob)
+                except StoreError as exc:
+                    log.debug("compile_once: could not write the prefetch index to %s: %s", store.name, exc)
+            self._written = len(keys)
+            self._count(written=1)
+
+    def close(self) -> None:
+        self._write()
+        with self._lock:
+            self._pending.clear()
