@@ -121,9 +121,14 @@ def test_sitecustomize_enables_without_code_change(tmp_path):
            "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "CoordinatorFxGraphBackend", out.stderr
+    # It enters compile_once as the script's import of torch ends: a process that never
+    # imports torch never starts it, and its first line runs before any of it.
+    out = subprocess.run([sys.executable, "-c", "import sys; print('torch' in sys.modules)"], env=env,
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
     env["COORDINATOR_STORE"] = "nonsense"
-    out = subprocess.run([sys.executable, "-c", "print('started')"], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", "import torch; print('started')"], env=env, capture_output=True,
+                         text=True, check=True)
     assert out.stdout.strip() == "started" and "coordinator: not enabled: ConfigError" in out.stderr
 
 

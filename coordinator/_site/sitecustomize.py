@@ -3,9 +3,13 @@
 ``coordinator-run`` puts this directory first on the workers' ``PYTHONPATH`` and turns
 the ``enable`` setting on (plus any other settings, ``coordinator.settings``): every worker
 then runs under ``coordinator.compile_once()`` for its whole life, with no change to the
-training script. The store is opened at the first compile, after the script has
-called ``init_process_group``. A site's own ``sitecustomize`` further down the path
-still runs.
+training script. It enters ``compile_once`` as the script's own ``import torch`` ends (a
+finder first on ``sys.meta_path`` wraps torch's loader), not before the script's first
+line: the process starts as fast as without the coordinator, and the coordinator's own
+start (its imports, Inductor's compile workers, the prefetch of a restart's entries) comes
+where the script pays for torch anyway. Where torch is already imported, it enters at once.
+The store is opened at the first compile, after the script has called
+``init_process_group``. A site's own ``sitecustomize`` further down the path still runs.
 
 Only the worker itself enters ``compile_once``: this directory leaves ``PYTHONPATH`` and
 the switch leaves the environment before the worker starts any process of its own.
@@ -16,6 +20,33 @@ compiling rank's critical path.
 
 import os
 import sys
+
+
+class _AfterTorchImport:
+    """A meta path finder that finds ``torch`` once, as the finders after it would, and has
+    its loader call ``then`` when torch's module has run."""
+
+    def __init__(self, then) -> None:
+        self.then = then
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            self.then()  # a torch we cannot wrap: enter now, as before the import
+            return spec
+        run_module = spec.loader.exec_module
+
+        def exec_module(module) -> None:
+            run_module(module)
+            self.then()
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 def _leave_pythonpath() -> None:
@@ -38,6 +69,13 @@ def _enable() -> None:
         print(f"coordinator: not enabled: {type(exc).__name__}: {exc}", file=sys.stderr)
         return
     _leave_pythonpath()
+    if "torch" in sys.modules:
+        _enter()
+    else:
+        sys.meta_path.insert(0, _AfterTorchImport(_enter))
+
+
+def _enter() -> None:
     try:
         import coordinator
 
