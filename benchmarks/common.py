@@ -287,6 +287,10 @@ def stock_or_ours_job(name: str, model: str, n: int, args: argparse.Namespace, *
     suite_backend(env, n, args.gpu)
     log = log_file(args.job_logs, f"{log_label or args.label}-{model}-n{n}-{name.replace(' ', '-')}.log")
     done = run_job(cmd, env, out, timeout=args.timeout, log=log)
+    for rank in done.result.get("ranks", []):  # what each rank's exit took, written after the result
+        exit_times = Path(f"{out}.exit-rank{rank['rank']}.json")
+        if exit_times.exists():
+            rank.update(json.loads(exit_times.read_text()))
     return {"job": name, "model": model, "n": n, "wall_s": done.wall_s, **done.result}, done.output
 
 

@@ -38,8 +38,14 @@ import sys
 import time
 from datetime import timedelta
 
-import torch
-import torch.distributed as dist
+#: The script's first line after the standard library: what the launcher (and, under
+#: coordinator-run, the worker's sitecustomize) cost before it is "launch"; the imports follow.
+SCRIPT_BEGAN = time.time()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+IMPORTED = time.time()
 
 MODELS = ("llama", "llama-dynamic", "llama-solo", "phi3", "gpt2", "bert", "convnext", "qwen-fsdp")
 #: Model sizes: "bench" for benchmarks/model_suite.py, "tiny" for the tests.
@@ -208,6 +214,7 @@ def main() -> None:
 
     shapes = [0] * args.steps + [1]
     losses, step_ends = [], []
+    built = time.time()
     dist.barrier()
     start = time.time()
     for step, shape in enumerate(shapes):
@@ -234,6 +241,9 @@ def main() -> None:
         "rank": rank,
         "start": start,
         "launched": float(os.environ.get("SUITE_LAUNCHED", "nan")),
+        # The script's timeline: its first line, torch imported, model built and wrapped
+        # (then NCCL's first barrier, then ``start``).
+        "script_began": SCRIPT_BEGAN, "imported": IMPORTED, "built": built,
         "step_ends": step_ends,
         "losses": [float.hex(x) for x in losses],
         "fx_misses": counters["inductor"].get("fxgraph_cache_miss", 0),
@@ -268,12 +278,22 @@ def main() -> None:
         }
         with open(args.json, "w") as f:
             json.dump(result, f)
+    exit_began = time.time()
     dist.barrier()
     dist.destroy_process_group()
+    destroyed = time.time()
     # Leave without tearing the interpreter down: on torch 2.13 with gloo, freeing DDP's
     # reducer at teardown can deadlock (its process group joins a gloo thread that waits for
-    # the GIL the teardown holds). Exit handlers (the coordinator's summary) still run.
+    # the GIL the teardown holds). Exit handlers (the coordinator's summary, Inductor's
+    # compile workers' shutdown) still run, and are timed: into <json>.exit-rank<R>.json.
+    # Inductor's compile workers first, timed on their own (its exit handler then has nothing to do).
+    if "torch._inductor.async_compile" in sys.modules:
+        sys.modules["torch._inductor.async_compile"].shutdown_compile_workers()
+    workers_shut = time.time()
     atexit._run_exitfuncs()
+    with open(f"{args.json}.exit-rank{rank}.json", "w") as f:
+        json.dump({"exit_began": exit_began, "destroyed": destroyed, "workers_shutdown_s": workers_shut - destroyed,
+                   "exit_handlers_s": time.time() - workers_shut, "exit_ended": time.time()}, f)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

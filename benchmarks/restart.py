@@ -13,6 +13,9 @@ in this order:
 * ``stock restart``: ``torchrun`` again on the cache dir its cold job left;
 * ``ours restart``: ``coordinator-run`` on the same store with a new, EMPTY cache dir.
 
+With ``--pairs K`` the restarts come in K pairs, alternating which goes first (``--pairs 2``:
+stock, ours, ours, stock), and ratios are to the mean of stock's restarts.
+
 Columns: wall from launch to exit (what a restart costs), ÷ stock restart; each rank's
 seconds inside ``torch.compile`` (``entire_frame_compile``: Dynamo, AOTAutograd and Inductor
 per frame; in brackets with the lazy backward compiles, ``total_wall_time``); AOTAutograd's
@@ -23,6 +26,10 @@ first differ in the last digits between any two runs, stock's too). With ``--gpu
 has a GPU of its own over NCCL where the machine has one per rank (as on a real node), else
 the ranks share ``cuda:0`` over gloo. Before the first job, one process imports what the jobs
 import, so that no job pays for a cold page cache.
+A second table says where each job's wall went: launch (the launcher's start to the
+script's first line), set-up (imports, model, NCCL), steps, exit (the last step to the
+launcher's end, and of it the ranks' exit handlers), and how many entries ours prepared
+ahead (``coordinator.features.prefetch``) and used.
 Prints the table, writes the raw jobs to ``benchmarks/results/<label>.json`` and the table
 into ``benchmarks/RESULTS.md``.
 
@@ -54,12 +61,36 @@ import common
 JOBS = ("stock cold", "ours cold", "stock restart", "ours restart")
 
 
+def restart_names(pairs: int) -> list[str]:
+    """The restarts after the cold jobs: ``pairs`` pairs, alternating which goes first
+    (stock, ours, ours, stock, ...); the first pair is named as in ``JOBS``, a later one
+    with its number."""
+    names = []
+    for i in range(pairs):
+        pair = [f"stock restart{'' if i == 0 else f' {i + 1}'}", f"ours restart{'' if i == 0 else f' {i + 1}'}"]
+        names += pair if i % 2 == 0 else pair[::-1]
+    return names
+
+
+def is_stock_restart(name: str) -> bool:
+    return name.startswith("stock restart")
+
+
+def is_ours_restart(name: str) -> bool:
+    """An ours' restart from the live store (not one from the persistent layer or a bundle)."""
+    return name == "ours restart" or (name.startswith("ours restart ") and name.split()[-1].isdigit())
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
 def run_job(name: str, model: str, n: int, dirs: dict[str, Path], args: argparse.Namespace,
             profile: str | None = None, persist: dict[str, str] | None = None) -> dict:
     """One of the jobs (``JOBS``, and with ``--persist`` the restarts from each target and from a
     bundle): the stock restart on the cache dir its cold job left, every other job on its own."""
     ours = name.startswith("ours")
-    cache = dirs[name] if name != "stock restart" else dirs["stock cold"]
+    cache = dirs["stock cold"] if is_stock_restart(name) else dirs[name]
     store: Path | None = dirs["store"]
     env = {}
     if ours and args.precompile:
@@ -148,9 +179,28 @@ def copy_objects(src_url: str, dst_url: str) -> None:
             dst.set(key, value)
 
 
+def timeline(job: dict) -> dict:
+    """Where a job's wall went: launch (the launcher's start to the script's first line, the
+    earliest rank), set-up (to the first step: imports, model, NCCL), steps, exit (the last
+    step to the launcher's end) and, of it, the ranks' exit handlers (the longest)."""
+    ranks = job["ranks"]
+    if not all("script_began" in r for r in ranks):
+        return {}
+    launched = min(r["launched"] for r in ranks)
+    began = min(r["script_began"] for r in ranks)
+    start = max(r["start"] for r in ranks)
+    last = max(r["step_ends"][-1] for r in ranks)
+    return {"launch_s": began - launched, "setup_s": start - began, "steps_s": last - start,
+            "exit_s": launched + job["wall_s"] - last,
+            "imports_s": max(r["imported"] - r["script_began"] for r in ranks),
+            "exit_handlers_s": max(r.get("exit_handlers_s", 0.0) for r in ranks),
+            "workers_shutdown_s": max(r.get("workers_shutdown_s", 0.0) for r in ranks)}
+
+
 def row(job: dict, stock_restart_s: float, cold_losses: list[str]) -> dict:
     ranks = job["ranks"]
     served = sum(((r.get("stats") or {}).get("ddp_split_graphs") or {}).get("served", 0) for r in ranks)
+    prefetch = [(r.get("stats") or {}).get("prefetch") or {} for r in ranks]
     return {
         "model": job["model"], "n": job["n"], "job": job["job"], "wall_s": job["wall_s"],
         "ratio": job["wall_s"] / stock_restart_s,
@@ -158,6 +208,8 @@ def row(job: dict, stock_restart_s: float, cold_losses: list[str]) -> dict:
         "aot": common.aot_counts(ranks), "served": served, "loads_s": ranks[0].get("module_loads_s", 0.0),
         "losses_apart": max(common.losses_apart(r["losses"], cold_losses) for r in ranks),
         "frames": sum(r.get("frames_traced", 0) for r in ranks),
+        "prepared": sum(p.get("prepared", 0) for p in prefetch), "used": sum(p.get("used", 0) for p in prefetch),
+        **timeline(job),
     }
 
 
@@ -181,6 +233,37 @@ def markdown(args: argparse.Namespace, raw: dict, table: list[dict]) -> str:
             f"{r['aot']['hit']} / {r['aot']['miss']} / {r['aot']['bypass']} | {r['served']} | {r.get('frames', '')} | "
             f"{r['loads_s']:.2f} | {common.apart(r['losses_apart'])} |"
         )
+    timed = [r for r in table if "launch_s" in r]
+    if timed:
+        lines += ["", "Where each job's wall went (s): launch (the launcher's start to the script's first line), "
+                  "set-up (imports, model, NCCL, to the first step; of it torch's import), the steps, exit (the "
+                  "last step to the launcher's end; of it Inductor's compile workers' shutdown and the other exit "
+                  "handlers, the longest rank each), and the entries prepared "
+                  "ahead and used (all ranks):", "",
+                  *common.table_head("model", "N", "job", "launch", "set-up (torch import)", "steps",
+                                     "exit (workers, handlers)", "prepared / used")]
+        for r in timed:
+            lines.append(f"| {r['model']} | {r['n']} | {r['job']} | {r['launch_s']:.1f} | {r['setup_s']:.1f} "
+                         f"({r['imports_s']:.1f}) | {r['steps_s']:.1f} | {r['exit_s']:.1f} "
+                         f"({r['workers_shutdown_s']:.1f}, {r['exit_handlers_s']:.1f}) | "
+                         f"{r['prepared']} / {r['used']} |")
+    for model, n in dict.fromkeys((r["model"], r["n"]) for r in table):
+        jobs = [r for r in table if (r["model"], r["n"]) == (model, n)]
+        stock = [r["wall_s"] for r in jobs if is_stock_restart(r["job"])]
+        ours = [r for r in jobs if is_ours_restart(r["job"])]
+        cold = [r["wall_s"] for r in jobs if r["job"] == "stock cold"]
+        if len(stock) > 1 and ours and cold:
+            ours_s = mean([r["wall_s"] for r in ours])
+            lines += ["", f"{model} N={n}, means of {len(stock)} restarts each: stock {mean(stock):.1f} s, ours "
+                          f"{ours_s:.1f} s: **{ours_s / mean(stock):.2f}×** stock's restart, "
+                          f"**{ours_s / cold[0]:.2f}×** stock's cold job; ours' compile inside, per rank, at most "
+                          f"{max(max(r['compile_s']) for r in ours):.1f} s"]
+            if all("launch_s" in r for r in jobs):
+                for part in ("launch_s", "exit_s"):
+                    stock_part = mean([r[part] for r in jobs if is_stock_restart(r["job"])])
+                    ours_part = mean([r[part] for r in ours])
+                    lines.append(f"; {part[:-2]}: ours {ours_part:.1f} s, stock {stock_part:.1f} s "
+                                 f"({ours_part - stock_part:+.1f} s)")
     transfers = [job for job in raw["jobs"] if any(k in job for k in ("bundle_save_s", "bundle_fetch_s",
                                                                        "persist_written"))]
     if transfers:
@@ -208,6 +291,9 @@ def main() -> None:
                         "runs AOTAutograd for every one, as stock's does (the cost of split graphs that are refused)")
     p.add_argument("--profile-restarts", default=None, metavar="DIR",
                    help="after the four jobs, run both restarts once more under cProfile into DIR (not timed)")
+    p.add_argument("--pairs", type=int, default=1,
+                   help="restart pairs after the cold jobs, alternating which goes first (2: stock, ours, ours, "
+                        "stock); ratios are to the mean of stock's restarts")
     p.add_argument("--persist", nargs="+", default=None, metavar="TARGET",
                    help="also restart from a persistent layer, and from a bundle: moto (a moto S3 server started "
                         "here), file (a file:// dir) or a store URL; ours' cold job writes to the first")
@@ -215,7 +301,7 @@ def main() -> None:
     raw = common.record("restart.py", args, jobs=[])
     table: list[dict] = []
     common.warm_page_cache()
-    names = list(JOBS)
+    names = [*JOBS[:2], *restart_names(args.pairs)]
     if args.persist:
         names += [f"ours restart, persist {target}" for target in args.persist] + ["ours restart, bundle"]
     moto = None
@@ -226,7 +312,8 @@ def main() -> None:
         for n in args.ranks:
             with tempfile.TemporaryDirectory(prefix="restart-") as tmp:
                 dirs = {"work": Path(tmp), "store": Path(tmp) / "store",
-                        **{name: Path(tmp) / re.sub(r"[ ,]+", "-", name) for name in names if name != "stock restart"}}
+                        **{name: Path(tmp) / re.sub(r"[ ,]+", "-", name) for name in names
+                           if not is_stock_restart(name)}}
                 persist = (persist_targets(args.persist, f"{args.label}-{model}-n{n}", Path(tmp))
                            if args.persist else None)
                 jobs = {}
@@ -240,10 +327,11 @@ def main() -> None:
                     print(f"{model} N={n} {name:<13}: wall {jobs[name]['wall_s']:6.1f}s, compile "
                           f"{[round(t, 1) for t in common.compile_seconds(jobs[name]['ranks'])]}",
                           flush=True)
+                stock_restart_s = mean([jobs[name]["wall_s"] for name in names if is_stock_restart(name)])
+                ours_restart_s = mean([jobs[name]["wall_s"] for name in names if is_ours_restart(name)])
                 for name in names:
                     cold = jobs["ours cold" if name.startswith("ours") else "stock cold"]["ranks"][0]["losses"]
-                    table.append(dict(row(jobs[name], jobs["stock restart"]["wall_s"], cold),
-                                      file_restart_s=jobs["ours restart"]["wall_s"]))
+                    table.append(dict(row(jobs[name], stock_restart_s, cold), file_restart_s=ours_restart_s))
                 if args.profile_restarts:  # once more each, profiled; not in the table
                     Path(args.profile_restarts).mkdir(parents=True, exist_ok=True)
                     for name in ("stock restart", "ours restart"):
