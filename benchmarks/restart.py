@@ -77,8 +77,25 @@ def is_stock_restart(name: str) -> bool:
 
 
 def is_ours_restart(name: str) -> bool:
-    """An ours' restart from the live store (not one from the persistent layer or a bundle)."""
-    return name == "ours restart" or (name.startswith("ours restart ") and name.split()[-1].isdigit())
+    """An ours' restart from the live store (not one from the persistent layer, a bundle or a variant)."""
+    return re.fullmatch(r"ours restart( \d+)?", name) is not None
+
+
+def variant_env(name: str) -> tuple[str, str] | None:
+    """The variable and value of a ``--variant`` restart's name (``ours restart, VAR=VALUE #k``)."""
+    found = re.fullmatch(r"ours restart, (\w+)=(\S*)( #\d+)?", name)
+    return (found.group(1), found.group(2)) if found else None
+
+
+def with_variants(names: list[str], variants: list[str]) -> list[str]:
+    """``names`` with each ``--variant`` restart after each of ours' restarts from the live store."""
+    out = []
+    for name in names:
+        out.append(name)
+        if is_ours_restart(name):
+            k = sum(is_ours_restart(n) for n in out)
+            out += [f"ours restart, {variant}" + ("" if k == 1 else f" #{k}") for variant in variants]
+    return out
 
 
 def mean(values: list[float]) -> float:
@@ -98,6 +115,8 @@ def run_job(name: str, model: str, n: int, dirs: dict[str, Path], args: argparse
     if persist and name == "ours cold":  # also into the first target: its persistent layer and a bundle
         first = next(iter(persist.values()))
         env.update(COORDINATOR_PERSIST=first, COORDINATOR_SAVE_BUNDLE=first)
+    elif variant_env(name):  # a variant: ours' restart with one more variable set
+        env.update([variant_env(name)])
     elif persist and name.startswith("ours restart, "):  # the job's own TCPStore, and one source each
         store = None
         target = name.removeprefix("ours restart, ")
@@ -258,6 +277,9 @@ def markdown(args: argparse.Namespace, raw: dict, table: list[dict]) -> str:
                           f"{ours_s:.1f} s: **{ours_s / mean(stock):.2f}×** stock's restart, "
                           f"**{ours_s / cold[0]:.2f}×** stock's cold job; ours' compile inside, per rank, at most "
                           f"{max(max(r['compile_s']) for r in ours):.1f} s"]
+            for variant in args.variant:
+                walls = [r["wall_s"] for r in jobs if r["job"].startswith(f"ours restart, {variant}")]
+                lines.append(f"; ours with {variant}: {mean(walls):.1f} s, {mean(walls) / ours_s:.2f}× ours' restart")
             if all("launch_s" in r for r in jobs):
                 for part in ("launch_s", "exit_s"):
                     stock_part = mean([r[part] for r in jobs if is_stock_restart(r["job"])])
@@ -294,6 +316,9 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=1,
                    help="restart pairs after the cold jobs, alternating which goes first (2: stock, ours, ours, "
                         "stock); ratios are to the mean of stock's restarts")
+    p.add_argument("--variant", action="append", default=[], metavar="VAR=VALUE",
+                   help="after each of ours' restarts, one more with this variable set (repeatable): what a "
+                        "setting or a torch switch changes, on the same machine")
     p.add_argument("--persist", nargs="+", default=None, metavar="TARGET",
                    help="also restart from a persistent layer, and from a bundle: moto (a moto S3 server started "
                         "here), file (a file:// dir) or a store URL; ours' cold job writes to the first")
@@ -301,7 +326,7 @@ def main() -> None:
     raw = common.record("restart.py", args, jobs=[])
     table: list[dict] = []
     common.warm_page_cache()
-    names = [*JOBS[:2], *restart_names(args.pairs)]
+    names = with_variants([*JOBS[:2], *restart_names(args.pairs)], args.variant)
     if args.persist:
         names += [f"ours restart, persist {target}" for target in args.persist] + ["ours restart, bundle"]
     moto = None

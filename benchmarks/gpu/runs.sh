@@ -20,7 +20,8 @@
 #                                            # 142M size, N=$RANKS (default 1; a GPU per rank over NCCL where there are
 #                                            # enough); PROFILE=1 adds a cProfile of both restarts ($LABEL-prof.tgz);
 #                                            # BYPASS=1: ours' cold job leaves the split graphs out of the store;
-#                                            # PAIRS=2: two restart pairs, stock, ours, ours, stock;
+#                                            # PAIRS=2: two restart pairs, stock, ours, ours, stock; VARIANTS="A=1 B=0":
+#                                            # after each of ours' restarts, one with each variable set;
 #                                            # PERSIST="moto file": also restarts from the persistent layer (a moto S3
 #                                            # server on this machine, then a file:// dir) and from a bundle in the first,
 #                                            # with the bundle's save and restore times (needs moto and s3fs: see below)
@@ -81,7 +82,7 @@ case "${1:?tier | n2 | n8 | large | profile8 | profile1 | mac | repeated | resta
     fi
     timeout "$(left)" python3 benchmarks/restart.py --label "$label" --models ${MODELS:-llama phi3} --size restart \
       --ranks ${RANKS:-1} --gpu ${PROFILE:+--profile-restarts /tmp/restart-prof} ${BYPASS:+--bypass-split-graphs} \
-      ${PERSIST:+--persist $PERSIST} ${PAIRS:+--pairs $PAIRS} --job-logs "/tmp/jl-$label" --results-dir "$OUT" --out "$OUT/$label.md" 2>&1 \
+      ${PERSIST:+--persist $PERSIST} ${PAIRS:+--pairs $PAIRS} ${VARIANTS:+$(printf -- "--variant %s " $VARIANTS)}--job-logs "/tmp/jl-$label" --results-dir "$OUT" --out "$OUT/$label.md" 2>&1 \
       | tee "$OUT/$label.log"
     tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .
     if [ -n "${PROFILE:-}" ]; then tar czf "$OUT/$label-prof.tgz" -C /tmp/restart-prof .; fi
