@@ -182,10 +182,14 @@ class Session:
         may_wait = not flight.holds_claims() and not any(feature.forbids_waits() for feature in self.features)
         work_first = next((work for feature in self.features
                            if (work := feature.work_while_waiting(kind)) is not None), None)
-        prepared = None if rejected is not None else next(
-            (value for feature in self.features if (value := feature.prepared(key)) is not None), None)
-        if prepared is not None:  # fetched ahead: no store request, no node lock, no claim
-            return LookupResult(prepared, Outcome.PREPARED)
+        if rejected is None and not any(feature.forbids_waits() for feature in self.features):
+            # A wait for this process's own prefetch waits on no rank; a claim holder does not
+            # make the ranks that wait on it wait longer for it.
+            wait = not flight.holds_claims()
+            prepared = next((value for feature in self.features
+                             if (value := feature.prepared(key, wait=wait)) is not None), None)
+            if prepared is not None:  # fetched ahead: no store request, no node lock, no claim
+                return LookupResult(prepared, Outcome.PREPARED)
         if rejected is not None:
             self._node.forget(key, rejected)
             result = flight.lookup(key, blocking=blocking, rejected=rejected)

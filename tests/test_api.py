@@ -116,7 +116,9 @@ def test_sitecustomize_enables_without_code_change(tmp_path):
     from pathlib import Path
 
     hook = Path(coordinator.__file__).resolve().parent / "_site"
-    code = "import torch._inductor.remote_cache as rc; print(rc.RemoteFxGraphCache.backend_override_cls.__name__)"
+    # A library that first asks whether torch is installed (transformers does) changes nothing.
+    code = ("import importlib.util; assert importlib.util.find_spec('torch'); "
+            "import torch._inductor.remote_cache as rc; print(rc.RemoteFxGraphCache.backend_override_cls.__name__)")
     env = {"COORDINATOR_ENABLE": "1", "COORDINATOR_STORE": f"file://{tmp_path}", "PYTHONPATH": str(hook),
            "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

@@ -20,33 +20,56 @@ compiling rank's critical path.
 
 import os
 import sys
+import threading
 
 
 class _AfterTorchImport:
-    """A meta path finder that finds ``torch`` once, as the finders after it would, and has
-    its loader call ``then`` when torch's module has run."""
+    """A meta path finder that finds ``torch`` as the finders after it would and wraps the
+    spec's loader, so that ``then`` runs once torch's module has run. It stays first on
+    ``sys.meta_path`` until then: a library that only asks whether torch is installed
+    (``importlib.util.find_spec("torch")``) gets a wrapped spec that never runs."""
 
     def __init__(self, then) -> None:
         self.then = then
+        self._finding = threading.local()
+        self._done = False
+        self._lock = threading.Lock()
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        if name != "torch" or getattr(self._finding, "now", False):
             return None
-        sys.meta_path.remove(self)
-        import importlib.util
+        self._finding.now = True  # the finders after this one find it
+        try:
+            import importlib.util
 
-        spec = importlib.util.find_spec(name)
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._finding.now = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            self.then()  # a torch we cannot wrap: enter now, as before the import
-            return spec
+            return None  # not a torch this can wrap: the import goes on as without it
         run_module = spec.loader.exec_module
 
         def exec_module(module) -> None:
             run_module(module)
-            self.then()
+            self.imported()
 
         spec.loader.exec_module = exec_module
         return spec
+
+    def imported(self) -> None:
+        """Torch's module has run: leave ``sys.meta_path`` and run ``then``, once."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self.leave()
+        self.then()
+
+    def leave(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
 
 
 def _leave_pythonpath() -> None:
@@ -72,7 +95,10 @@ def _enable() -> None:
     if "torch" in sys.modules:
         _enter()
     else:
-        sys.meta_path.insert(0, _AfterTorchImport(_enter))
+        finder = _AfterTorchImport(_enter)
+        sys.meta_path.insert(0, finder)
+        # A process forked before torch is imported is not the worker: it enters nothing.
+        os.register_at_fork(after_in_child=finder.leave)
 
 
 def _enter() -> None:

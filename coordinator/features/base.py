@@ -133,9 +133,10 @@ class Feature:
         stop the compile that asked, or return another result (look again after a wait)."""
         return result
 
-    def prepared(self, key: str) -> bytes | None:
+    def prepared(self, key: str, *, wait: bool) -> bytes | None:
         """The value of store key ``key`` if this feature fetched it ahead (unverified by
-        the session yet); ``None``: look it up."""
+        the session yet); ``None``: look it up. ``wait``: the lookup may wait for a value
+        still being fetched."""
         return None
 
     def asked(self, kind: str, inductor_key: str) -> None:

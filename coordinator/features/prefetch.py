@@ -9,18 +9,25 @@ after ``init_process_group`` and starts empty. The index's key names the secret'
 fingerprint, the namespace, the script and the rank, not the run (a restart is a new run):
 ``prefetch/<secret>/<namespace>/<script>/rank<R>``.
 
-When a session starts (under ``coordinator-run``, before the script's first line), a thread
+When a session starts (under ``coordinator-run``, as the script's ``import torch`` ends), a thread
 reads its rank's index from those stores and fetches each value it names (the live store
 first, then the persistent layer), verifies it as every value is verified, and keeps it in
 memory, at most ``prefetch_mb`` MB, while the script imports, builds its model and sets up
 NCCL. A lookup of a key the thread holds takes it from memory (``Outcome.PREPARED``): no
 store request, no node lock, no claim. A lookup of a key the thread has not reached yet
-waits for it at most ``READY_WAIT``, then asks the store as without a prefetch; a key that
-failed (missing, refused, past the memory bound, a store that died) is asked of the store at
-once. A value that fails verification is never kept (counted as refused; the lookup then
-meets it in the store, refuses it again and has it compiled). An entry the job never asks
-for, such as a changed model's, costs its memory until the session ends, and the next index
-leaves it out. Each value is handed out once, then dropped.
+waits for it at most ``READY_WAIT`` (the thread waits on no rank, and its store calls are
+bounded), where the lookup may wait at all; after one such wait runs out, no lookup waits
+again. A key that failed (missing, refused, past the memory bound) is asked of the store at
+once; a store that fails is not asked again by the thread. A value that fails verification is
+never kept (counted as refused; the lookup then meets it in the store, refuses it again and
+has it compiled). A lookup inside a compile that must not wait (an early backward compile)
+leaves the prepared value for the lookup that follows. An entry the job never asks for, such
+as a changed model's, costs its memory until the session ends, and the next index leaves it
+out. Each value is handed out once, then dropped; a key asked of the store before its value
+came is not kept.
+
+The index is written by one thread of its own, behind the compile; at exit the session waits
+for its last write at most ``drain_timeout``.
 
 The summary's ``prefetch`` counts say how many entries the index named, how many were
 prepared ahead (MB, seconds), how many of those the job used, and how many were refused.
@@ -57,7 +64,8 @@ FETCHES_AT_ONCE = 4
 class PrefetchCounts(Counts, indexed=0, prepared=0, used=0, refused=0, missing=0, bytes=0, seconds=0.0,
                      written=0):
     """Entries the index named, prepared ahead (``bytes``, in ``seconds``), used by lookups,
-    refused (failed verification), missing from every store; indexes this rank ``written``."""
+    refused (failed verification), missing (no store held one, or its store failed); indexes this rank
+    ``written``."""
 
     line = ("prefetch: {prepared} of {indexed} indexed entries prepared ahead ({bytes} bytes in {seconds:.2f}s), "
             "{used} used, {refused} refused, {missing} missing")
@@ -113,11 +121,15 @@ class Prefetch(Feature, counts=PrefetchCounts):
         #: Store keys asked for in this session, in order; how many of them the last write held.
         self._asked: dict[str, None] = {}
         self._written = 0
-        self._writing = threading.Lock()
+        self._writer: threading.Thread | None = None
         #: Keys of the last index not handed out yet: their values (``None``: still coming).
         self._pending: dict[str, bytes | None] = {}
         self._fetching = False
+        #: Set when a lookup waited ``READY_WAIT`` in vain: no lookup waits again.
+        self._waits_over = False
+        self._closed = False
         self._stores: list[tuple[Store, str]] | None = None
+        self._failed: set[int] = set()  # the sources that failed (by index): not asked again
         self._opening = threading.Lock()
         if self.enabled(frozenset()):
             self._fetching = True
@@ -126,11 +138,11 @@ class Prefetch(Feature, counts=PrefetchCounts):
     def enabled(self, routed: frozenset[str]) -> bool:
         return self._bound > 0 and bool(self._sources)
 
-    # -- preparing the last index's entries ------------------------------------------------
+    # -- the stores ----------------------------------------------------------------------------
 
-    def _open(self) -> list[tuple[Store, str]]:
-        """The source stores with their values' prefix, opened once (those that cannot be
-        opened are left out)."""
+    def _open(self) -> list[tuple[int, Store, str]]:
+        """The source stores that have not failed, each with its number and its values'
+        prefix; opened once (one that cannot be opened is left out)."""
         from coordinator.protocol.stores import open_store
 
         with self._opening:
@@ -141,7 +153,20 @@ class Prefetch(Feature, counts=PrefetchCounts):
                         self._stores.append((open_store(url, chunk_bytes=self.context.config.chunk_bytes), prefix))
                     except (ConfigError, StoreError) as exc:
                         log.debug("compile_once: prefetch cannot open %s: %s", url, exc)
-            return self._stores
+            stores = list(enumerate(self._stores))
+        with self._lock:
+            return [(i, store, prefix) for i, (store, prefix) in stores if i not in self._failed]
+
+    def _lost(self, source: int, store: Store, exc: StoreError) -> None:
+        """A source failed: it is not asked again in this session (its lookups ask the
+        session's own store, whose failures the session handles)."""
+        with self._lock:
+            if source in self._failed:
+                return
+            self._failed.add(source)
+        log.info("compile_once: prefetch stops using %s: %s", store.name, exc)
+
+    # -- preparing the last index's entries ------------------------------------------------
 
     def _prepare(self) -> None:
         began = time.monotonic()
@@ -150,11 +175,13 @@ class Prefetch(Feature, counts=PrefetchCounts):
             keys = self._index(stores)
             if keys:
                 with self._lock:
-                    self._pending = dict.fromkeys(keys)
+                    # A key looked up before the index was read is not fetched: it was asked already.
+                    self._pending = {key: None for key in keys if key not in self._asked}
                     self.counts.indexed = len(keys)
+                    keys = list(self._pending)
                 with ThreadPoolExecutor(FETCHES_AT_ONCE, thread_name_prefix="coordinator-prefetch") as pool:
                     for key in keys:
-                        pool.submit(self._fetch, stores, key)
+                        pool.submit(self._fetch, key)
         except Exception as exc:  # never fails the job: its lookups ask the store
             log.warning("compile_once: prefetch stopped: %s: %s", type(exc).__name__, exc)
         finally:
@@ -166,31 +193,33 @@ class Prefetch(Feature, counts=PrefetchCounts):
         if self.counts.indexed:
             log.info("compile_once: %s", self.counts.summary())
 
-    def _index(self, stores: list[tuple[Store, str]]) -> list[str]:
+    def _index(self, stores: list[tuple[int, Store, str]]) -> list[str]:
         """The first index the stores hold for this rank (empty: none, or none that verifies)."""
-        for store, _ in stores:
+        for source, store, _ in stores:
             try:
                 keys = read_index(store, self._key, self.context.config.secret)
             except IntegrityError as exc:
                 log.warning("compile_once: refused the prefetch index %s in %s: %s", self._key, store.name, exc)
                 continue
             except StoreError as exc:
-                log.debug("compile_once: no prefetch index from %s: %s", store.name, exc)
+                self._lost(source, store, exc)
                 continue
             if keys is not None:
                 return list(dict.fromkeys(keys))
         return []
 
-    def _fetch(self, stores: list[tuple[Store, str]], key: str) -> None:
+    def _fetch(self, key: str) -> None:
         value = None
         try:
             with self._lock:
-                full = self.counts.bytes >= self._bound
-            if not full:
-                value = self._first_value(stores, key)
+                wanted = key in self._pending and not self._closed and self.counts.bytes < self._bound
+            if wanted:
+                value = self._first_value(key)
         finally:
             with self._lock:
-                if value is not None and self.counts.bytes + len(value) <= self._bound:
+                # Kept only while a lookup may still take it, and within the bound.
+                if (value is not None and key in self._pending and not self._closed
+                        and self.counts.bytes + len(value) <= self._bound):
                     self._pending[key] = value
                     self.counts.prepared += 1
                     self.counts.bytes += len(value)
@@ -198,14 +227,14 @@ class Prefetch(Feature, counts=PrefetchCounts):
                     self._pending.pop(key, None)
                 self._lock.notify_all()
 
-    def _first_value(self, stores: list[tuple[Store, str]], key: str) -> bytes | None:
+    def _first_value(self, key: str) -> bytes | None:
         """``key``'s value from the first store that holds one; ``None`` if none does or the
         value fails verification."""
-        for store, prefix in stores:
+        for source, store, prefix in self._open():
             try:
                 value = store.get(prefix + key)
             except StoreError as exc:
-                log.debug("compile_once: prefetch of %s from %s failed: %s", key, store.name, exc)
+                self._lost(source, store, exc)
                 continue
             if value is None:
                 continue
@@ -225,18 +254,23 @@ class Prefetch(Feature, counts=PrefetchCounts):
 
     # -- lookups -----------------------------------------------------------------------------
 
-    def prepared(self, key: str) -> bytes | None:
-        """``key``'s value if it was prepared ahead (handed out once); waits up to
-        ``READY_WAIT`` for a key the thread has yet to fetch."""
+    def prepared(self, key: str, *, wait: bool) -> bytes | None:
+        """``key``'s value if it was prepared ahead (handed out once). With ``wait``, a key the
+        thread has yet to fetch is waited for, at most ``READY_WAIT`` (the thread waits on no
+        rank, and its store calls are bounded); once a wait has run out, none waits again."""
         with self._lock:
             if key not in self._pending:
+                return None
+            if self._pending[key] is None and not (wait and not self._waits_over):
                 return None
             deadline = time.monotonic() + READY_WAIT.total_seconds()
             while self._pending.get(key, b"") is None and self._fetching:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    log.info("compile_once: prefetch of %s not ready after %.0fs; asking the store", key,
-                             READY_WAIT.total_seconds())
+                    self._waits_over = True
+                    self._pending.pop(key, None)
+                    log.info("compile_once: prefetch of %s not ready after %.0fs; asking the store (and no longer "
+                             "waiting for the prefetch)", key, READY_WAIT.total_seconds())
                     return None
                 self._lock.wait(left)
             value = self._pending.pop(key, None)
@@ -248,33 +282,54 @@ class Prefetch(Feature, counts=PrefetchCounts):
         key = self.context.store_key(kind, inductor_key)
         with self._lock:
             self._asked.setdefault(key)
+            pending = self._pending.get(key, b"") is None
+            if pending:  # asked of the store meanwhile: not kept when it arrives
+                self._pending.pop(key, None)
 
     # -- writing this session's index --------------------------------------------------------
 
     def compile_ended(self) -> None:
+        self._write_soon()
+
+    def _write_soon(self) -> threading.Thread | None:
+        """Start the index's writer unless it runs (it writes until the index it wrote is the
+        latest) or there is nothing new. Returns the writer, if one runs."""
         with self._lock:
+            if self._writer is not None and self._writer.is_alive():
+                return self._writer
             if len(self._asked) == self._written:
-                return
-        threading.Thread(target=self._write, name="coordinator-prefetch-index", daemon=True).start()
+                return None
+            self._writer = threading.Thread(target=self._write, name="coordinator-prefetch-index", daemon=True)
+            self._writer.start()
+            return self._writer
 
     def _write(self) -> None:
-        """Write the index to every source store, unless it holds nothing new; one write at a time."""
-        with self._writing:
+        """Write the index to every source store that has not failed, until it holds every key
+        asked so far."""
+        while True:
             with self._lock:
                 keys = list(self._asked)
-            if len(keys) == self._written:
-                return
+                if len(keys) == self._written:
+                    return
             blob = seal(self._key, msgpack.packb(keys), meta={"rank": int(os.environ.get("RANK", "0"))},
                         secret=self.context.config.secret)
-            for store, _ in self._open():
+            for source, store, _ in self._open():
                 try:
                     store.set(self._key, blob)
                 except StoreError as exc:
-                    log.debug("compile_once: could not write the prefetch index to %s: %s", store.name, exc)
-            self._written = len(keys)
-            self._count(written=1)
+                    self._lost(source, store, exc)
+            with self._lock:
+                self._written = len(keys)
+                self.counts.written += 1
 
     def close(self) -> None:
-        self._write()
+        """Write the last index (up to ``drain_timeout``) and drop what was not used."""
         with self._lock:
+            self._closed = True
             self._pending.clear()
+        writer = self._write_soon()
+        if writer is not None:
+            writer.join(self.context.config.drain_timeout.total_seconds())
+            if writer.is_alive():
+                log.warning("compile_once: the prefetch index %s was not written within %.0fs", self._key,
+                            self.context.config.drain_timeout.total_seconds())
