@@ -73,12 +73,13 @@ class PrefetchCounts(Counts, indexed=0, prepared=0, used=0, refused=0, missing=0
 
 
 def script_name() -> str:
-    """What names the job's script across its runs: the module of ``python -m``, else the
-    script's real path."""
-    argv = getattr(sys, "orig_argv", None) or []
-    if "-m" in argv[:-1]:
-        return "-m " + argv[argv.index("-m") + 1]
-    return os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else "<interactive>"
+    """What names the job's script across its runs: its real path (``python -m`` sets it to
+    the module's file once the module runs; before that, the module's name)."""
+    first = sys.argv[0] if sys.argv else ""
+    if first == "-m":
+        argv = getattr(sys, "orig_argv", None) or []
+        return "-m " + argv[argv.index("-m") + 1] if "-m" in argv[:-1] else "-m"
+    return os.path.realpath(first) if first else "<interactive>"
 
 
 def index_key(secret: bytes | None, namespace: str, script: str, rank: int) -> str:
