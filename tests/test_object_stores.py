@@ -361,6 +361,10 @@ def persisted(report: dict, counter: str) -> int:
     return sum(r["stats"]["persistent"][counter] for r in report["ranks"])
 
 
+def prefetched(report: dict, counter: str) -> int:
+    return sum(r["stats"]["prefetch"][counter] for r in report["ranks"])
+
+
 @pytest.mark.timeout(900)
 def test_a_job_on_empty_dirs_compiles_nothing_from_the_persistent_layer_or_a_bundle(s3_server, tmp_path):
     bucket = s3_server.bucket()
@@ -380,7 +384,10 @@ def test_a_job_on_empty_dirs_compiles_nothing_from_the_persistent_layer_or_a_bun
     warm, log = example_job(tmp_path, "from-persist", ["--coordinator-persist", persist])
     assert compiled(warm) == 0, log[-3000:]
     assert f"FX graphs compiled across ranks: {graphs}" not in log
-    assert persisted(warm, "hits") >= graphs and persisted(warm, "rejected") == 0
+    # Each entry from the layer: most fetched ahead (each rank's index is in the layer), the
+    # rest at its lookup.
+    assert prefetched(warm, "used") > 0 and prefetched(warm, "refused") == 0
+    assert persisted(warm, "hits") + prefetched(warm, "used") >= graphs and persisted(warm, "rejected") == 0
     assert "to the persistent layer" not in log  # it held everything already: nothing written
 
     # From the bundle alone: restored into the node's empty dir before the workers start.

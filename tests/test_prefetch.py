@@ -44,9 +44,9 @@ def test_a_restart_takes_every_entry_it_asks_for_from_memory(job, tmp_path):
 
 def test_an_index_of_a_changed_model_is_unused_and_the_job_compiles_what_it_lacks(job, tmp_path):
     store = f"file://{tmp_path / 'store'}"
-    require_success(job(2, {"store": store, "model": "mlp"}))
-    changed = job(2, {"store": store, "model": "broken"})
-    stock = job(2, {"model": "broken", "coordinator": False})
+    require_success(job(1, {"store": store, "model": "mlp"}))
+    changed = job(1, {"store": store, "model": "broken"})
+    stock = job(1, {"model": "broken", "coordinator": False})
     require_success(changed)
     require_success(stock)
     for rank, alone in zip(changed, stock, strict=True):

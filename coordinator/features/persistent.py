@@ -90,6 +90,9 @@ class PersistentLayer(Feature, counts=PersistCounts):
         #: session refused, which its own compile replaces.
         self._held: set[str] = set()
         self._refused: set[str] = set()
+        #: The keys the listing found (a value published before the listing, by a rank whose
+        #: lookups the prefetch answered, is written only if the layer lacks it).
+        self._listed_keys: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self._connected = threading.Event()
         self._list_lock = threading.Lock()
@@ -136,6 +139,7 @@ class PersistentLayer(Feature, counts=PersistCounts):
             return
         with self._lock:
             self._held.update(held)
+            self._listed_keys = frozenset(held)
         log.info("compile_once: persistent layer %s holds %d values for this environment (listed in %.2fs)",
                  store.name, len(held), time.monotonic() - started)
 
@@ -228,6 +232,8 @@ class PersistentLayer(Feature, counts=PersistCounts):
         if store is None:
             self._count(not_written=1)
             return
+        if not replaces and key in self._listed_keys:
+            return  # the layer held it already
         marked = None if replaces else self._first_to_write(key)
         if marked is False:
             return

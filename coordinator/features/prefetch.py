@@ -27,7 +27,8 @@ out. Each value is handed out once, then dropped; a key asked of the store befor
 came is not kept.
 
 The index is written by one thread of its own, behind the compile; at exit the session waits
-for its last write at most ``drain_timeout``.
+for its last write at most ``drain_timeout``. Where the store expires keys (Redis) an index
+lives ``INDEX_TTL``; each run writes it again.
 
 The summary's ``prefetch`` counts say how many entries the index named, how many were
 prepared ahead (MB, seconds), how many of those the job used, and how many were refused.
@@ -59,6 +60,8 @@ log = logging.getLogger(__name__)
 READY_WAIT = timedelta(seconds=10)
 #: Values fetched at once (stores that answer over a network answer several requests at once).
 FETCHES_AT_ONCE = 4
+#: How long an index lives where the store expires keys (Redis): each run writes it again.
+INDEX_TTL = timedelta(days=7)
 
 
 class PrefetchCounts(Counts, indexed=0, prepared=0, used=0, refused=0, missing=0, bytes=0, seconds=0.0,
@@ -316,7 +319,7 @@ class Prefetch(Feature, counts=PrefetchCounts):
                         secret=self.context.config.secret)
             for source, store, _ in self._open():
                 try:
-                    store.set(self._key, blob)
+                    store.set(self._key, blob, ttl=INDEX_TTL if store.expires else None)
                 except StoreError as exc:
                     self._lost(source, store, exc)
             with self._lock:
