@@ -179,10 +179,11 @@ class Session:
         blocking = record.waits == _compat.WaitRule.ALWAYS or any(feature.lets_wait(kind) for feature in self.features)
         if record.inside_aot_entries and _compat.in_aot_entry_load():
             blocking = False  # a miss compiles nothing here: no claim (docs/design.md, rule 1)
-        may_wait = not flight.holds_claims() and not any(feature.forbids_waits() for feature in self.features)
+        forbidden = any(feature.forbids_waits() for feature in self.features)
+        may_wait = not flight.holds_claims() and not forbidden
         work_first = next((work for feature in self.features
                            if (work := feature.work_while_waiting(kind)) is not None), None)
-        if rejected is None and not any(feature.forbids_waits() for feature in self.features):
+        if rejected is None and not forbidden:
             # A wait for this process's own prefetch waits on no rank; a claim holder does not
             # make the ranks that wait on it wait longer for it.
             wait = not flight.holds_claims()
