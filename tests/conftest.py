@@ -360,13 +360,15 @@ def silent_server():
 class Link(Listener):
     """A TCP relay to a server, standing for the network path to it: it records the request
     line of each connection and can be cut (every connection closed, new ones refused), after
-    ``cut_after`` bytes sent to the server; ``rate`` bounds the bytes per second each
-    connection sends."""
+    ``cut_after`` bytes sent to the server, or instead of sending the first data that
+    ``cut_when`` accepts; ``rate`` bounds the bytes per second each connection sends."""
 
     def __init__(self, server_port: int, *, cut_after: int | None = None, rate: float | None = None,
-                 at_cut: Callable[[], None] | None = None) -> None:
+                 at_cut: Callable[[], None] | None = None,
+                 cut_when: Callable[[bytes], bool] | None = None) -> None:
         self.server_port, self.cut_after, self.rate = server_port, cut_after, rate
-        #: What happens after ``cut_after`` bytes: the link is cut (default), or this is called.
+        self.cut_when = cut_when
+        #: What happens at the cut: the link is cut (default), or this is called.
         self.at_cut = at_cut or self.close
         self.sent = 0
         self.requests: list[str] = []
@@ -398,6 +400,8 @@ class Link(Listener):
                     first = False
                 if to_server and self.rate:
                     time.sleep(len(data) / self.rate)
+                if to_server and self.cut_when is not None and self._cut_here(data):
+                    return
                 sink.sendall(data)
                 if to_server:
                     with self._lock:
@@ -414,6 +418,16 @@ class Link(Listener):
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+    def _cut_here(self, data: bytes) -> bool:
+        """Whether ``data`` is where the link is cut (then it is not sent)."""
+        with self._lock:
+            cut = not self.cut.is_set() and self.cut_when(data)
+            if cut:
+                self.cut.set()
+        if cut:
+            self.at_cut()
+        return cut
 
     def close(self) -> None:
         """Cut the link: close every connection and refuse new ones."""

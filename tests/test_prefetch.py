@@ -5,6 +5,7 @@ server, a cold job and then its restart on new, empty Inductor dirs."""
 from __future__ import annotations
 
 import pathlib
+import threading
 
 import pytest
 from conftest import Link, require_success
@@ -96,9 +97,17 @@ def test_an_index_that_fails_verification_is_refused(tmp_path):
 def test_a_store_that_dies_while_a_restart_prepares_leaves_a_job_that_compiles(job, tmp_path, redis_server):
     cold = job(2, {"store": redis_server.url, "ddp": True})
     require_success(cold)
-    # The restart reaches Redis through a link that kills it once the ranks have asked for
-    # their indexes and a few values: the rest is never fetched.
-    link = Link(redis_server.port, cut_after=800, at_cut=redis_server.kill)
+    # The restart reaches Redis through a link that kills it when a rank that has asked for
+    # its index asks for its first value: the rest is never fetched.
+    index_asked = threading.Event()
+
+    def first_value_asked(request: bytes) -> bool:
+        if b"coordinator/prefetch/" in request:
+            index_asked.set()
+            return False
+        return index_asked.is_set() and b"coordinator/v/" in request
+
+    link = Link(redis_server.port, cut_when=first_value_asked, at_cut=redis_server.kill)
     try:
         restart = job(2, {"store": f"redis://127.0.0.1:{link.port}/0", "ddp": True},
                       env={"COORDINATOR_LEASE_S": "2"})
