@@ -12,8 +12,6 @@ Rows (``kind:N``, run once each, in the order given; one invocation is one devic
 * ``noearly:N``: ``compile_once`` with ``COORDINATOR_EARLY_BACKWARD=0``;
 * ``twice:N``: ``compile_once`` with neither early backward compiles nor each choice compiled
   once (``COORDINATOR_COMPILE_CHOICES_ONCE=0``: Inductor's own precompile);
-* ``split:N``: ``compile_once`` with ``COORDINATOR_SPLIT_TUNING=1`` (ranks with a GPU each
-  time shares of a GEMM selection's choices: ``coordinator.features.split_tuning``);
 * ``upstream:N``: no coordinator, every rank compiling with Inductor's
   ``TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM=1``.
 
@@ -45,7 +43,6 @@ KINDS = {  # kind -> (cold_start_job method, extra environment)
     "noearly": ("compile-once", {"COORDINATOR_EARLY_BACKWARD": "0"}),
     "twice": ("compile-once", {"COORDINATOR_COMPILE_CHOICES_ONCE": "0", "COORDINATOR_EARLY_BACKWARD": "0"}),
     "upstream": ("alone", {"TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM": "1"}),
-    "split": ("compile-once", {"COORDINATOR_SPLIT_TUNING": "1"}),
 }
 
 

@@ -262,16 +262,6 @@ class Config:
     does not find on some torch versions and compiles a second time, one at a time
     (``_compat.precompile_choices_in_process``)."""
 
-    split_tuning: bool = _setting(
-        False, env="COORDINATOR_SPLIT_TUNING", parse=_flag,
-        help="max-autotune with a GPU per rank: the ranks that reach a GEMM selection time a share of its "
-             "choices each, over the store (default 0)")
-    """In max-autotune, where each rank of the node has a GPU of its own, a GEMM selection's
-    choices are split into one share per local rank; the ranks that reach the selection
-    claim shares, precompile and time them on their own GPUs, and publish the timings
-    through the store; every one of them picks the fastest over all shares
-    (``coordinator.features.split_tuning``). Off by default until measured on GPUs."""
-
     signalled_waits: bool = _setting(
         True, env="COORDINATOR_SIGNALLED_WAITS", parse=_flag,
         help="waiting ranks block on the compiling rank's signals instead of polling (default 1)")

@@ -70,14 +70,6 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``AlgorithmSelectorCache.make_precompile_fn``, ``AsyncCompile.use_process_pool``, a
   classmethod, asked inside it; ran on 2.11.0 on an H100: the recompile probe and the
   max-autotune benchmark).
-* ``split_tuning``: a GEMM selection timed in shares (``split_selections``):
-  ``AlgorithmSelectorCache.make_precompile_fn`` (deferred) and ``do_autotuning`` (by
-  parameter name: ``name``, ``inputs_key``, ``choices``, ``precompile_fn``; ``hint_override``,
-  ``best_config_future``, ``is_collective`` where present), ``ChoiceCaller.hash_key``,
-  ``NoValidChoicesError``, ``use_pipelined_autotuning``; the signatures are checked when it is
-  installed and a torch whose functions differ keeps Inductor's path (debug line). Read from
-  2.13.0's source, ran on 2.13.0 and 2.14.1 (CPU tests, with the CPU's ``CPP,ATEN``
-  choices); not yet run on 2.11.0. ``gpu_identity``: ``torch.cuda`` device count, current device and UUID.
 * ``backward``: AOTAutograd's deferred backward compiles, run early by a rank that
   waits (``deferred_backwards``): ``graph_compile._aot_stage2b_bw_compile``, the fields of
   ``AutogradLazyBackwardCompileInfo``, ``TracingContext.fw_metadata``/``output_strides``,
@@ -192,7 +184,6 @@ from coordinator._compat.split_graphs import (
     cached_split_graphs,
     split_graphs_unsupported,
 )
-from coordinator._compat.split_tuning import Selection, gpu_identity, split_selections, split_tuning_unsupported
 from coordinator._compat.structured_trace import current_compile_id, emit_structured, structured_trace_on
 from coordinator._compat.triton_driver import warm_driver_utilities
 from coordinator._compat.triton_tuning import (
@@ -261,10 +252,6 @@ __all__ = [
     "precompiled_functions",
     "process_compile_seconds",
     "precompile_choices_in_process",
-    "Selection",
-    "gpu_identity",
-    "split_selections",
-    "split_tuning_unsupported",
     "rank_reads",
     "remote_cache_backend_base",
     "routable_kinds",

@@ -18,7 +18,6 @@ from coordinator.features.prefetch import Prefetch
 from coordinator.features.rank_dependence import RankDependence
 from coordinator.features.split_graphs import SplitGraphs
 from coordinator.features.split_shares import SplitShares
-from coordinator.features.split_tuning import SplitTuning
 from coordinator.features.tuning_steps import TuningSteps
 
 #: Every compile feature, in the order a session asks them (what was fetched ahead first,
@@ -34,7 +33,6 @@ FEATURES: list[type[Feature]] = [
     LocalHits,
     PrecompiledFunctions,
     CompileChoicesOnce,
-    SplitTuning,
 ]
 
 __all__ = ["FEATURES", "Context", "Feature"]

@@ -42,11 +42,6 @@ share              X      key (the slot, ``split_share/<digest>``), frame, index
                           compiled for the job (``coordinator.features.split_shares``)
 chain              i      key, frame, index, outcome (served, missed): the chain of a split
                           frame found that submodule's AOTAutograd entry, or compiled it
-tune share         X      key (``split_tuning/<digest>``), selection, share, shares, choices,
-                          outcome (timed, taken over, unclaimed): a share of a GEMM
-                          selection's choices this rank timed (``coordinator.features.split_tuning``)
-selection          X      selection, shares, choices, winner: a GEMM selection this rank
-                          tuned in shares, from its first share to the merged winner
 timeout extension  i      seconds
 store lost         i      error
 step               i      n: a ``torch.optim`` optimizer's step returned (the first three,

@@ -123,25 +123,6 @@ class Lookups:
 
         return self.asked(ask, _unavailable())
 
-    def claim_or_follow(self, key: str, *, what: str | None = None) -> LookupResult:
-        """See :meth:`coordinator.protocol.singleflight.Singleflight.claim_or_follow`."""
-        def ask() -> LookupResult:
-            value = self.waiter.published(f"v/{key}", None)
-            if value is not None:
-                return LookupResult(value, Outcome.HIT)
-            return self._claim_or_wait(key, f"v/{key}", what=what, may_claim=self.health.writable(), may_wait=True)
-
-        return self.asked(ask, _unavailable())
-
-    def settle(self, key: str, value: bytes) -> bytes | None:
-        """See :meth:`coordinator.protocol.singleflight.Singleflight.settle`."""
-        def ask() -> bytes | None:
-            if self.store.add_if_absent(f"v/{key}", value):
-                return value
-            return self.store.get(f"v/{key}")
-
-        return self.asked(ask, None)
-
     # -- claiming and waiting ---------------------------------------------------------------
 
     def _follow(self, key: str, grace_s: float) -> LookupResult:
@@ -166,17 +147,16 @@ class Lookups:
 
     def _claim_or_wait(self, key: str, published: str, before_waiting: Callable[[], bool] | None = None,
                        rejected: bytes | None = None, what: str | None = None, *,
-                       may_claim: bool = True, may_wait: bool | None = None) -> LookupResult:
+                       may_claim: bool = True) -> LookupResult:
         """Claim ``key``, or wait while another process holds it until store key
         ``published`` appears (returning its value), the claim is abandoned or expires
         (then try to claim the next generation), or the deadline passes. With
         ``rejected``, that value of ``published`` counts as absent, and the claim is the
         key's redo claim for it. ``what`` goes into the claim's record (default:
         ``describe(key)``). Without ``may_claim`` (the store refuses writes), a key nobody
-        holds is ``nonblocking``: computed here, unclaimed. ``may_wait`` overrides whether
-        this thread may wait (default: it holds no claim and runs without ``no_waits``)."""
-        if may_wait is None:
-            may_wait = self.may_wait()
+        holds is ``nonblocking``: computed here, unclaimed. A thread that holds a claim or
+        runs with ``no_waits`` does not wait: a key another process holds is ``nonblocking``."""
+        may_wait = self.may_wait()
         at = key if rejected is None else f"{key}/redo-{hashlib.sha256(rejected).hexdigest()[:16]}"
         if what is None:
             what = self.describe(key) if self.describe is not None else ""

@@ -42,7 +42,7 @@ effort, which ends its waiters' waits as an abandoned claim does.
 The rooms of the protocol, from the top down (each uses only rooms below it)::
 
     singleflight   this process's view: the two sides below, and the store's health
-    lookups        taking and following claims (lookup, offer, follow, claim_or_follow, settle)
+    lookups        taking and following claims (lookup, offer, follow)
     publishing     writing a claimed value, in front of or behind the compile, and the marks
     waiting        the one wait loop on a claimant's signals, and its judgement
     claims         the claims this process holds: taking one, and its end, whichever it is
@@ -233,26 +233,6 @@ class Singleflight:
         it does not wait), ``unavailable``.
         """
         return self._lookups.offer(key, what)
-
-    def claim_or_follow(self, key: str, *, what: str | None = None) -> LookupResult:
-        """:meth:`lookup` of a key whose holders wait on nothing while they hold it (a share
-        of a GEMM selection: ``coordinator.features.split_tuning``): claim it, or wait while
-        another process holds it, taking it over when its lease lapses, even though this
-        process holds other claims or runs with :meth:`no_waits`. The caller must hold no
-        claim of such a key meanwhile: a rank that waits here then waits on a rank that
-        waits on nobody, so no cycle forms (``docs/design.md``).
-
-        Outcomes: ``hit``/``waited`` with the value, ``claimed`` (first, or after a lapsed
-        lease), ``abandoned``, ``deadline``, ``nonblocking`` (the store refuses writes and
-        nobody holds it), ``unavailable``.
-        """
-        return self._lookups.claim_or_follow(key, what=what)
-
-    def settle(self, key: str, value: bytes) -> bytes | None:
-        """Write ``key``'s value once: the first value any process settles stands, later
-        ones are dropped. Returns the value that stands (``None``: the store failed). A
-        claim on ``key`` is then ended with :meth:`publish` of that value."""
-        return self._lookups.settle(key, value)
 
     # -- publishing and abandoning -------------------------------------------------------
 
