@@ -23,6 +23,18 @@ def job_output(result: subprocess.CompletedProcess) -> str:
     return f"stdout:\n{result.stdout[-1500:]}\nstderr:\n{stderr[-4000:]}"
 
 
+def aborted_at_exit_after_its_work(result: subprocess.CompletedProcess) -> bool:
+    """torch's own gloo exit abort (docs/operations.md, "A line that is torch's"): every rank
+    ended its session (its summary line) and the job printed its results, then one rank died
+    of SIGABRT with ``terminate called without an active exception`` while the interpreter
+    finalized, and the launcher reported it. Any other failure is a failure."""
+    summaries = [result.stderr.count(f"compile_once rank {rank}: ") for rank in (0, 1)]
+    return (all(count >= 1 for count in summaries)
+            and "terminate called without an active exception" in result.stderr
+            and re.search(r"exitcode\s*: -6 ", result.stderr) is not None
+            and ("FX graphs compiled across ranks" in result.stdout or "graphs compiled," in result.stdout))
+
+
 @pytest.mark.parametrize("launcher", [
     "torch.distributed.run",
     # The launcher's own tests are protocol tests: CI runs them on one torch.
@@ -43,7 +55,7 @@ def test_example_compiles_each_graph_once(tmp_path, launcher, script, args):
         [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", "2", str(EXAMPLES / script), *args],
         env=env, capture_output=True, text=True, timeout=240,
     )
-    assert result.returncode == 0, job_output(result)
+    assert result.returncode == 0 or aborted_at_exit_after_its_work(result), job_output(result)
     if launcher == "coordinator.jobs.launcher":  # one session per worker: the launcher's, which the script joined
         for rank in (0, 1):
             assert result.stderr.count(f"compile_once rank {rank}: ") == 1, result.stderr[-3000:]
