@@ -53,6 +53,7 @@ def test_a_waiting_rank_compiles_backward_graphs_early_and_each_graph_compiles_o
     assert results[0].report["losses"] == results[1].report["losses"]
 
 
+@pytest.mark.one_torch  # a subset of the hooks that the tests with the feature on pass through on every torch
 def test_off_no_backward_is_compiled_early(job):
     results = job(2, {"model": "broken", "steps": 1, "slow_compiles": 2.0},
                   env={"COORDINATOR_EARLY_BACKWARD": "0"})

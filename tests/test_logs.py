@@ -1,5 +1,8 @@
 """What a user sees with no logging set up: each rank's summary on stderr, once, under every
-entry point; the user's own logging configuration, where set, instead."""
+entry point; the user's own logging configuration, where set, instead.
+
+Marked ``protocol``: the coordinator's own log lines, on jobs whose torch hooks the other
+tests pass through on every torch."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from conftest import machine_env
+
+pytestmark = pytest.mark.protocol
 
 PLAIN = str(Path(__file__).with_name("plain_script.py"))
 

@@ -2,10 +2,12 @@
 reached through the client path a job uses (fsspec and s3fs, the endpoint from
 ``AWS_ENDPOINT_URL_S3``). Jobs are real rank processes under ``coordinator-run``.
 
-Not marked ``protocol``: CI runs these on both torch versions (the persistent layer is a
-compile feature that sits on the torch hooks). The store's own tests on GCS and Azure (against
+CI runs the S3 store's tests and a restart from the persistent layer on both torch versions
+(the persistent layer is a compile feature that sits on the torch hooks). The layer's faults
+(a failing layer, a corrupt value) and a cut bundle upload pass through the same hooks as that
+restart and the live store's fault tests, and the store's own tests on GCS and Azure (against
 gcp-storage-emulator and Azurite, reached through gcsfs and adlfs) and of every provider's
-bounds pass through no torch hook: those are marked ``protocol``.
+bounds through none: those are marked ``protocol``.
 """
 
 from __future__ import annotations
@@ -285,6 +287,7 @@ def test_object_store_urls_are_checked_when_settings_are_read(monkeypatch):
 # -- failures of the persistent layer ------------------------------------------------------------
 
 
+@pytest.mark.protocol
 @pytest.mark.parametrize("failure", ["missing bucket", "refused credentials", "server down"])
 def test_a_failing_persistent_layer_is_logged_once_and_the_rank_compiles(failure, request, tmp_path, monkeypatch,
                                                                            caplog, capsys):
@@ -397,6 +400,7 @@ def test_a_job_on_empty_dirs_compiles_nothing_from_the_persistent_layer_or_a_bun
     assert all(r["stats"]["persistent"] is None for r in restored["ranks"])
 
 
+@pytest.mark.protocol
 def test_a_corrupt_value_in_the_persistent_layer_is_refused_compiled_and_replaced(s3_server, job):
     persist = s3_server.bucket() + "/persist"
     env = {"COORDINATOR_PERSIST": persist}
@@ -422,6 +426,7 @@ def test_a_corrupt_value_in_the_persistent_layer_is_refused_compiled_and_replace
     assert stats["persistent"]["written"] == 1
 
 
+@pytest.mark.protocol
 @pytest.mark.parametrize("how", ["link cut", "server killed"])
 def test_a_bundle_upload_cut_midway_keeps_the_previous_bundle_and_the_job_finishes(how, s3_server, tmp_path):
     """The job's save at exit loses its server 16 kB into the bundle's upload: the link to it

@@ -182,6 +182,7 @@ def test_report_without_matplotlib_writes_the_trace_and_the_table_and_an_empty_d
     assert empty.returncode == 1 and "no rank traces" in empty.stderr, (empty.stdout, empty.stderr)
 
 
+@pytest.mark.protocol  # the node's copy and the report: the coordinator's own; the traced job above covers the hooks
 def test_report_on_a_node_local_job_warns_of_nothing_and_agrees_with_each_ranks_summary(node_local_job):
     """Every rank ran the same graphs: whether it compiled one, received it from the store or
     the node's copy, or found it in the node's cache dir, it needed it; no warning. The
