@@ -69,6 +69,8 @@ def test_four_local_ranks_restore_with_one_fetch(job, tmp_path):
         assert_loaded_everything(r)
 
 
+@pytest.mark.one_torch  # a bundle's install runs on every torch in test_save_then_new_job_loads; the recorded
+# compile time in test_compile_once's test_saved_is_the_compile_time_of_the_graphs_a_rank_loaded
 def test_a_restored_bundle_counts_what_it_saved_up_to_its_recorded_compile_time(job, tmp_path):
     """A job restores a bundle into empty Inductor dirs, then runs under compile_once: every
     graph is in the local cache, put there by the bundle, and each rank's ``saved`` is the
