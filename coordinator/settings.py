@@ -292,6 +292,15 @@ class Config:
     them one after another, and the chain loads what the others compiled
     (``coordinator.features.split_shares``). Needs ``cache_ddp_graphs`` and more than one rank."""
 
+    warm_compile_pool: bool = _setting(
+        True, env="COORDINATOR_WARM_COMPILE_POOL", parse=_flag,
+        help="on a GPU, start Inductor's compile workers when the session starts (default 1)")
+    """On a GPU, start Inductor's pool of compile workers when the session starts, as
+    Inductor's own ``inductor`` backend module does at the first compile, so that the first
+    graphs' kernels compile in the workers rather than one by one in the rank
+    (``_compat.compile_workers``). Off: torch starts them at the first compile. torch's
+    ``TORCH_WARM_POOL=0`` turns off both."""
+
     precompile: bool = _setting(
         False, env="COORDINATOR_PRECOMPILE", parse=_flag,
         help="share each function's precompiled form, installed without tracing (default 0)")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import subprocess
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch._functorch.config as functorch_config
@@ -134,51 +138,69 @@ def test_sitecustomize_enables_without_code_change(tmp_path):
     assert out.stdout.strip() == "started" and "coordinator: not enabled: ConfigError" in out.stderr
 
 
-def test_compile_workers_stay_off_redis_while_autotune_is_routed():
-    """Compile workers build autotune caches without our backend; they must not try Redis.
+def _compile_workers_seen(tmp_path: Path, mode: str, **env: str) -> dict:
+    """What ``tests/compile_worker_probe.py`` reports, run in a fresh process with ``env``
+    on top of this one's (less Inductor's Redis, compile-thread and local-ranks settings)."""
+    unset = ("TORCHINDUCTOR_COMPILE_THREADS", "LOCAL_WORLD_SIZE")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_REDIS") and k not in unset}
+    base["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
+    probe = Path(__file__).with_name("compile_worker_probe.py")
+    out = subprocess.run([sys.executable, str(probe), str(tmp_path / "store"), mode], env={**base, **env},
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
-    A worker is a fresh Python process started with our environment. Without the guard,
-    Inductor's default Redis backend spends seconds in redis-py's retries against a port
-    with no server (the cost measured on GPU leaders); with it, it fails at once.
-    """
-    import os
-    import socket
-    import time
 
+def test_compile_jobs_stay_off_redis_whenever_the_pool_started(tmp_path):
+    """Routing the autotune cache bakes ``autotune_remote_cache`` into every kernel; a compile
+    worker building that cache without our backend would fall back to Inductor's Redis on
+    localhost:6379 (seconds of redis-py retries a lookup where no server listens). Inside a
+    session every Triton compile job carries an invalid Redis URL, so that the backend fails
+    at once: in a pool the session started, and in one the script's own compile started
+    before it (Inductor's pool, real worker processes: ``tests/compile_worker_probe.py``).
+    A user's own Redis settings are left alone."""
     from coordinator import _compat
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed_port = s.getsockname()[1]
-    probe = ("import time; from torch._inductor.remote_cache import create_cache; t = time.monotonic(); "
-             "c = create_cache('k', False, None, 'RemoteAutotuneCache'); v = c.get('x') if c else None; "
-             "print(c is None, round(time.monotonic() - t, 2))")
+    def seen(mode: str, **env: str) -> dict:
+        return _compile_workers_seen(tmp_path, mode, TORCHINDUCTOR_COMPILE_THREADS="2", **env)
 
-    def worker(env: dict) -> tuple[str, float]:
-        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-        created, seconds = out.stdout.split()
-        return created, float(seconds)
+    guarded = {"redis_url": _compat.NO_REDIS_URL, "builds_redis_cache": False}
+    fresh = seen("not-started")
+    assert "autotune" in fresh["routed"]
+    assert {k: fresh["during"][k] for k in guarded} == guarded, fresh
 
-    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_REDIS")}
-    created, unguarded_s = worker(dict(base, TORCHINDUCTOR_REDIS_PORT=str(closed_port)))
-    assert created == "False" and unguarded_s > 1.0  # redis-py retrying a dead server
+    early = seen("started")  # the script compiled first: its workers started without the guard
+    assert early["before"]["redis_url"] is None and early["before"]["builds_redis_cache"], early
+    assert {k: early["during"][k] for k in guarded} == guarded, early
 
-    saved = dict(os.environ)
-    try:
-        os.environ.clear()
-        os.environ.update(base)
-        started = time.monotonic()
-        with _compat.compile_workers_without_redis():
-            assert os.environ["TORCHINDUCTOR_REDIS_URL"] == _compat.NO_REDIS_URL
-            created, guarded_s = worker(dict(os.environ))
-        assert "TORCHINDUCTOR_REDIS_URL" not in os.environ  # restored
-        os.environ["TORCHINDUCTOR_REDIS_HOST"] = "my-redis"  # the user's own Redis: left alone
-        with _compat.compile_workers_without_redis():
-            assert "TORCHINDUCTOR_REDIS_URL" not in os.environ
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    assert created == "True" and guarded_s < 0.5, (created, guarded_s, time.monotonic() - started)
+    users = seen("not-started", TORCHINDUCTOR_REDIS_HOST="my-redis")  # the user's Redis: theirs
+    assert users["during"]["redis_url"] is None and users["during"]["builds_redis_cache"], users
+
+
+def test_a_sessions_compile_workers_get_its_part_of_the_hosts_cores(tmp_path):
+    """torch starts min(32, cores) compile workers in every rank, whatever the ranks on the
+    host: a session gives each its part (``LOCAL_WORLD_SIZE``), unless the user set a number
+    or the pool already runs, and starts the pool with the session where Triton is."""
+    from coordinator import _compat
+
+    assert [_compat.compile_pool_size(32, n) for n in (1, 2, 4, 8, 64)] == [32, 16, 8, 4, 1]
+    assert [_compat.compile_pool_size(128, n) for n in (1, 2, 8)] == [32, 32, 16]
+    def seen(mode: str, **env: str) -> dict:
+        return _compile_workers_seen(tmp_path, mode, **env)
+
+    cores = _compat.compile_pool_size(len(os.sched_getaffinity(0)), 1)
+    alone = seen("no-jobs")
+    assert alone["threads"] == {"torch": cores, "session": cores}, alone
+    triton = importlib.util.find_spec("triton") is not None
+    assert alone["pool_at_start"] is triton  # started with the session where Triton is
+    assert seen("no-jobs", COORDINATOR_WARM_COMPILE_POOL="0")["pool_at_start"] is False
+    two = seen("no-jobs", LOCAL_WORLD_SIZE="2")
+    assert two["threads"] == {"torch": cores, "session": _compat.compile_pool_size(len(os.sched_getaffinity(0)), 2)}
+    users = seen("no-jobs", LOCAL_WORLD_SIZE="2", TORCHINDUCTOR_COMPILE_THREADS="3")
+    assert users["threads"] == {"torch": 3, "session": 3}, users
+    if cores > 1:  # a pool already running keeps its size
+        running = seen("started", LOCAL_WORLD_SIZE="2")
+        assert running["threads"] == {"torch": cores, "session": cores}, running
 
 
 def test_reads_of_the_rank_are_reported_except_for_logging(tmp_path):

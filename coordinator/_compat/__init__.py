@@ -20,8 +20,7 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
 * ``caches``: routing Inductor's remote caches (``routed_remote_caches``):
   ``remote_cache.Remote*Cache.backend_override_cls``, the ``*_remote_cache`` switches,
   ``bundle_triton_into_fx_graph_cache``, ``AOTAutogradCache.get_remote_cache``; keeping
-  compile workers off Redis (``TORCHINDUCTOR_REDIS_URL``: Inductor's ``create_cache``
-  swallows the backend's construction error; 2.13.0 only); compile-end callbacks
+  compile workers' jobs off Redis (``compile_workers``); compile-end callbacks
   (``callback_handler``); cache dirs; whether AOTAutograd entries hold their graphs
   (``autograd_cache.should_bundle_autograd_cache``), and so whether a hit of one saves
   its recorded compile time (``hit_saves_compile``: AOTAutograd's ``time_taken_ms`` spans
@@ -124,9 +123,15 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
 * ``triton_driver``: Triton's CUDA driver utilities built in the background when a session
   starts (``warm_driver_utilities``): ``triton.backends.nvidia.driver.CudaUtils``. Triton 3.6
   with 2.11.0 on an H100 (the restart benchmark); read from Triton 3.8's source (2.14.1).
-* ``warmup``: Inductor's compile workers started when a session starts, on a GPU
+* ``compile_workers``: Inductor's compile workers: every Triton compile job kept off Inductor's
+  Redis while autotune caches are routed, in a pool started before the session or after
+  (``compile_jobs_without_redis``: ``SubprocPool.submit``, ``TrackedProcessPoolExecutor.submit``,
+  ``_worker_compile_triton``'s ``extra_env``); a rank's part of the host's cores as its
+  ``compile_threads`` (``size_compile_pool``: ``config.compile_threads``,
+  ``AsyncCompile.process_pool``'s cache); the pool started when a session starts, on a GPU
   (``warm_compile_pool``: ``async_compile.maybe_warm_pool``). Read from the sources of 2.11.0,
-  2.13.0 and 2.14.1; ran on 2.11.0 (H200s).
+  2.13.0 and 2.14.1; the jobs' environment ran on 2.13.0 and 2.14.1 (CPU tests, Inductor's
+  own pool); all three on 2.11.0 (H200s).
 * ``compile_context``: what this thread compiles, in words (``compiling_now``: the graph,
   its frame's function, the split frame's part, Dynamo's compile id), for the claims a
   waiting rank names: ``CompileContext.current_compile_id``, ``TracingContext.traced_code``,
@@ -138,10 +143,8 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
 from coordinator._compat.backward import DeferredBackward, SkipCompile, deferred_backwards, is_restart, is_skip
 from coordinator._compat.caches import (
     CACHE_KINDS,
-    NO_REDIS_URL,
     CacheKind,
     WaitRule,
-    compile_workers_without_redis,
     default_cache_dir,
     hit_saves_compile,
     inductor_cache_dir,
@@ -154,6 +157,14 @@ from coordinator._compat.caches import (
     ships_kernels,
 )
 from coordinator._compat.compile_context import compiling_now
+from coordinator._compat.compile_workers import (
+    NO_REDIS_URL,
+    compile_jobs_without_redis,
+    compile_pool_size,
+    pool_started,
+    size_compile_pool,
+    warm_compile_pool,
+)
 from coordinator._compat.counters import count_triton_compiles, frames_traced, inductor_counters
 from coordinator._compat.distributed import default_c10d_store, extend_nccl_timeouts, has_nccl_process_group
 from coordinator._compat.fx_graph import (
@@ -197,7 +208,6 @@ from coordinator._compat.triton_tuning import (
     triton_tuning_hooks,
 )
 from coordinator._compat.versions import CHECKED_ON, FIXED_IN, torch_before, torch_version
-from coordinator._compat.warmup import warm_compile_pool
 
 __all__ = [
     "CHECKED_ON",
@@ -223,7 +233,8 @@ __all__ = [
     "chain_position",
     "collective_switches_off",
     "complete_package",
-    "compile_workers_without_redis",
+    "compile_jobs_without_redis",
+    "compile_pool_size",
     "compiling_now",
     "count_triton_compiles",
     "cpu_kernels_resolved",
@@ -248,6 +259,7 @@ __all__ = [
     "kernel_autotune_cache",
     "load_cache_artifacts",
     "on_compile_end",
+    "pool_started",
     "precompile_unsupported",
     "precompiled_functions",
     "process_compile_seconds",
@@ -258,6 +270,7 @@ __all__ = [
     "route_autotune_cache",
     "routed_remote_caches",
     "share_config_kept_from_cache",
+    "size_compile_pool",
     "ships_kernels",
     "split_frames",
     "split_graphs_unsupported",

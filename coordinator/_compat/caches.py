@@ -1,8 +1,8 @@
 """Routing Inductor's remote caches to the coordinator, and Inductor's cache paths.
 
 Sets ``backend_override_cls`` on each ``torch._inductor.remote_cache`` class and the
-config switches that make Inductor consult them; keeps compile workers off Inductor's own
-Redis backend; calls back at the end of each compile.
+config switches that make Inductor consult them; keeps compile workers' jobs off Inductor's
+own Redis backend (``compile_workers``); calls back at the end of each compile.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from coordinator._compat.compile_workers import compile_jobs_without_redis
 
 log = logging.getLogger(__name__)
 
@@ -193,42 +195,12 @@ def routed_remote_caches(backends: dict[str, type]) -> Iterator[None]:
         set_attr(inductor_config, "bundle_triton_into_fx_graph_cache", True)
         _clear_cached_remote_caches()
         triton_kinds = any(CACHE_KINDS[kind].triton_only for kind in backends)
-        with compile_workers_without_redis() if triton_kinds else contextlib.nullcontext():
+        with compile_jobs_without_redis() if triton_kinds else contextlib.nullcontext():
             yield
     finally:
         for obj, name, value in reversed(saved):
             setattr(obj, name, value)
         _clear_cached_remote_caches()
-
-
-#: Inductor's Redis URL as compile workers see it while we route autotune caches.
-NO_REDIS_URL = "coordinator-no-remote-cache-in-compile-workers://"
-_REDIS_VARIABLES = ("TORCHINDUCTOR_REDIS_URL", "TORCHINDUCTOR_REDIS_HOST", "TORCHINDUCTOR_REDIS_PORT")
-
-
-@contextlib.contextmanager
-def compile_workers_without_redis() -> Iterator[None]:
-    """Keep Inductor's compile workers off Redis while autotune caches are routed.
-
-    Routing switches ``autotune_remote_cache`` on, and Inductor bakes that switch into
-    every Triton kernel's ``inductor_meta``. Its compile workers (subprocesses, started
-    with this process's environment) build their own autotune caches from it, without
-    our ``backend_override_cls``, so they fall back to Inductor's Redis backend. With
-    redis-py installed and no server on localhost:6379, each lookup then spends about
-    4 s in redis-py's connection retries. An invalid ``TORCHINDUCTOR_REDIS_URL`` makes
-    that backend fail at once, at construction (``create_cache`` logs it to the worker's
-    log file and goes on without a remote cache). Left alone when the user configured
-    Inductor's Redis, and only for workers started while this is active.
-    """
-    if any(name in os.environ for name in _REDIS_VARIABLES):
-        yield
-        return
-    os.environ["TORCHINDUCTOR_REDIS_URL"] = NO_REDIS_URL
-    try:
-        yield
-    finally:
-        if os.environ.get("TORCHINDUCTOR_REDIS_URL") == NO_REDIS_URL:
-            del os.environ["TORCHINDUCTOR_REDIS_URL"]
 
 
 def _clear_cached_remote_caches() -> None:

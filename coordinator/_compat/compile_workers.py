@@ -1,0 +1,155 @@
+"""Inductor's compile workers: what their jobs see, how many a rank starts, and when.
+
+On a GPU, Inductor compiles Triton kernels in a pool of worker processes
+(``AsyncCompile.process_pool``: a ``SubprocPool`` by default). Three things about it
+matter to a session:
+
+* **What a worker's job sees.** Routing the autotune cache switches
+  ``autotune_remote_cache`` on, and Inductor bakes that switch into every kernel's
+  ``inductor_meta``. A worker loading the kernel builds its own autotune cache from it,
+  without our ``backend_override_cls``, so it falls back to Inductor's Redis backend on
+  localhost:6379: with redis-py installed and no server there, redis-py retries each
+  lookup for about 4 s. A worker's environment is the one its pool started with, which
+  may be before the session (the script compiled something first, or the pool was
+  started early), so an environment variable set in this process would not reach it.
+  Inductor passes each job the variables it wants a running pool to see (``extra_env``
+  of ``_worker_compile_triton``); :func:`compile_jobs_without_redis` adds an invalid
+  ``TORCHINDUCTOR_REDIS_URL`` to them, which makes that backend fail at construction, at
+  once (``create_cache`` logs it to the worker's log file and goes on without one). The
+  kernel's cache is routed to the coordinator when it arrives in this process
+  (``triton_tuning.route_autotune_cache``). Left alone where the user configured
+  Inductor's Redis.
+* **How many.** Each rank starts ``compile_threads`` workers, torch's default the smaller
+  of 32 and the cores it may run on, whatever the number of ranks on the host: 2 ranks on
+  32 cores start 64 workers, 8 ranks 256. :func:`size_compile_pool` gives each of a
+  host's ranks its part of the cores instead (``LOCAL_WORLD_SIZE``), where the user set no
+  number (``TORCHINDUCTOR_COMPILE_THREADS``) and the pool has not started. On CPU nothing
+  is changed: there ``compile_threads`` sizes the thread pool that builds C++ kernels.
+* **When.** Plain ``torch.compile`` starts the pool at its first compile (the ``inductor``
+  backend module's ``maybe_warm_pool``), and until the workers are up the first graph
+  builds its kernels one by one in the main process. :func:`warm_compile_pool` calls the
+  same function when the session starts; torch's ``TORCH_WARM_POOL=0`` turns both off.
+
+Private names: ``torch._inductor.async_compile`` (``maybe_warm_pool``,
+``AsyncCompile.process_pool``, its ``lru_cache``), ``compile_worker.subproc_pool.SubprocPool``
+and ``compile_worker.tracked_process_pool.TrackedProcessPoolExecutor`` (``submit``),
+``runtime.compile_tasks._worker_compile_triton`` (its positional ``extra_env``, applied with
+``os.environ.update`` in the worker), ``config.compile_threads``, ``remote_cache``'s
+``RedisRemoteCacheBackend`` (reads ``TORCHINDUCTOR_REDIS_URL`` at construction). Read from the
+sources of 2.11.0, 2.13.0 and 2.14.1; the jobs' environment and the pool's size ran on 2.13.0
+and 2.14.1 (CPU tests, Inductor's own pool) and on 2.11.0 (H200s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Inductor's Redis URL as compile workers' jobs see it while we route autotune caches.
+NO_REDIS_URL = "coordinator-no-remote-cache-in-compile-workers://"
+_REDIS_VARIABLES = ("TORCHINDUCTOR_REDIS_URL", "TORCHINDUCTOR_REDIS_HOST", "TORCHINDUCTOR_REDIS_PORT")
+#: torch's own cap on a rank's compile workers (``config.decide_compile_threads``).
+_TORCH_MAX_WORKERS = 32
+
+
+def _pool_classes() -> tuple[type, ...]:
+    from torch._inductor.compile_worker.subproc_pool import SubprocPool
+    from torch._inductor.compile_worker.tracked_process_pool import TrackedProcessPoolExecutor
+
+    return SubprocPool, TrackedProcessPoolExecutor
+
+
+@contextlib.contextmanager
+def compile_jobs_without_redis() -> Iterator[None]:
+    """For the duration, every Triton compile job Inductor hands a compile worker, in a
+    pool started before or after, carries ``TORCHINDUCTOR_REDIS_URL=NO_REDIS_URL``;
+    nothing where the user configured Inductor's Redis (one of its variables is set)."""
+    if any(name in os.environ for name in _REDIS_VARIABLES):
+        yield
+        return
+    from torch._inductor.runtime.compile_tasks import _worker_compile_triton
+
+    def guarded(submit: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(submit)
+        def submit_without_redis(self: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+            if fn is _worker_compile_triton and len(args) >= 2 and isinstance(args[1], dict):
+                args = (args[0], {**args[1], "TORCHINDUCTOR_REDIS_URL": NO_REDIS_URL}, *args[2:])
+            return submit(self, fn, *args, **kwargs)
+
+        return submit_without_redis
+
+    classes = _pool_classes()
+    own = {cls: cls.__dict__.get("submit") for cls in classes}
+    for cls in classes:
+        cls.submit = guarded(cls.submit)
+    try:
+        yield
+    finally:
+        for cls, submit in own.items():
+            if submit is None:
+                del cls.submit  # inherited again
+            else:
+                cls.submit = submit
+
+
+def pool_started() -> bool:
+    """Whether this process has created Inductor's compile worker pool."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    return AsyncCompile.process_pool.cache_info().currsize > 0
+
+
+def host_cpus() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def compile_pool_size(cpus: int, local_ranks: int) -> int:
+    """Compile workers for each of ``local_ranks`` ranks on a host of ``cpus`` cores:
+    torch's own number for one rank (the smaller of 32 and the cores), split among them."""
+    return max(1, min(_TORCH_MAX_WORKERS, cpus // max(1, local_ranks)))
+
+
+def size_compile_pool(local_ranks: int) -> int | None:
+    """Give this rank its part of the host's cores for compile workers, where a CUDA GPU
+    is, the user set no number (``TORCHINDUCTOR_COMPILE_THREADS``) and the pool has not
+    started; returns the number set, or ``None`` where it left torch's."""
+    import torch
+
+    if local_ranks < 2 or torch.version.cuda is None or not torch.cuda.is_available():
+        return None
+    if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ or pool_started():
+        return None
+    from torch._inductor import config
+
+    workers = compile_pool_size(host_cpus(), local_ranks)
+    if config.compile_threads is not None and config.compile_threads <= workers:
+        return None
+    config.compile_threads = workers
+    log.debug("compile_once: %d compile workers for this rank (%d ranks on this host)", workers, local_ranks)
+    return workers
+
+
+def warm_compile_pool() -> None:
+    """Start Inductor's compile worker pool now, where a CUDA GPU is. Inductor's own
+    function decides the rest as it would at its first compile: no Triton, or
+    ``TORCH_WARM_POOL=0``, starts nothing."""
+    import torch
+
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return
+    try:
+        from torch._inductor.async_compile import maybe_warm_pool
+
+        maybe_warm_pool()
+    except Exception as exc:  # Inductor starts it at its first kernel, as without us
+        log.debug("compile_once: could not start Inductor's compile workers early: %s", exc)
