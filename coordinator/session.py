@@ -34,7 +34,8 @@ from coordinator.features import Context, Feature
 from coordinator.features.artifacts import ShippedKernels
 from coordinator.observe.stats import Stats
 from coordinator.observe.trace import open_events, short_key
-from coordinator.protocol.fingerprint import key_prefix, warn_if_device_indices_differ
+from coordinator.protocol.devices import DeviceIndices
+from coordinator.protocol.fingerprint import key_prefix
 from coordinator.protocol.health import FIRST_RETRY_S, LAST_RETRY_S
 from coordinator.protocol.integrity import Sealed, open_sealed, seal
 from coordinator.protocol.liveness import this_job
@@ -86,12 +87,13 @@ class Session:
         self._open_delay = FIRST_RETRY_S
         self._prefix = ""
         self._node: NodeCache | None = None
+        self._devices: DeviceIndices | None = None
         self.kernels = ShippedKernels(_compat.inductor_cache_dir, _compat.triton_cache_dir, _cuda)
         #: The cache kinds this ``Session`` routes.
         self.routed = frozenset(_compat.routable_kinds(config.caches))
         context = Context(config=config, events=self.events, stats=self.stats, kernels=self.kernels,
                           flight=self.flight, store_key=self.store_key, lookup=self._lookup, publish=self.publish,
-                          verify=self._verified, feature=self.feature)
+                          verify=self._verified, feature=self.feature, peers=self.peers)
         built = [feature(context) for feature in feature_registry.FEATURES]
         #: The compile features this ``Session`` runs, in the registry's order.
         self.features: list[Feature] = [feature for feature in built if feature.enabled(self.routed)]
@@ -137,16 +139,25 @@ class Session:
         self.stats.rank, self.stats.store = rank, store.name
         self._node = NodeCache(_compat.inductor_cache_dir(), self.events)
         self._prefix = key_prefix(self.config.secret, self.config.namespace)
-        warn_if_device_indices_differ(store, self._prefix, rank)
+        job = this_job()
+        self._devices = DeviceIndices(store, self._prefix, job, rank)
+        self._devices.publish()
         writer = None
         if self.config.publish_queue_mb:
             writer = BackgroundWriter("publishing", self.config.publish_queue_mb * 2**20,
                                       progress_interval=self.config.progress_interval)
         self.stats.writer = writer
-        return Singleflight(store, owner=Owner.this_process(rank, this_job()), lease=self.config.lease,
+        return Singleflight(store, owner=Owner.this_process(rank, job), lease=self.config.lease,
                             wait_timeout=self.config.wait_timeout, progress_interval=self.config.progress_interval,
                             signalled_waits=self.config.signalled_waits, events=self.events,
                             describe=self.describe, writer=writer)
+
+    def peers(self, world: int, wait_s: float) -> list[int]:
+        """The ranks of a job of ``world`` ranks that compile for this rank's device index,
+        and so can share its graphs (``protocol.devices``); all of them before the store opens."""
+        if self._devices is None:
+            return list(range(world))
+        return self._devices.peers(world, wait_s)
 
     @staticmethod
     def describe(key: str) -> str:

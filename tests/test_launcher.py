@@ -117,22 +117,23 @@ def run(launcher: list[str], args: list[str], tmp_path: Path, env: dict | None =
                           timeout=240)
 
 
-def test_ranks_on_different_device_indices_are_told_the_exact_launch_flag(monkeypatch, caplog):
+def test_ranks_on_different_device_indices_are_told_the_exact_launch_flag(monkeypatch, caplog, tcp_store):
     """A plain ``torchrun --nproc-per-node N`` on N GPUs puts rank 1 on cuda:1: it shares nothing
     with rank 0, and the warning names the flags that fix it."""
     import torch
 
-    from coordinator.protocol.fingerprint import warn_if_device_indices_differ
+    from coordinator.protocol.devices import DeviceIndices
+    from coordinator.protocol.stores.c10d import C10dStore
 
-    class Store(dict):
-        def set(self, key, value):
-            self[key] = value
-
-    store = Store({"p/device/0": b"0"})  # rank 0 compiles for cuda:0
+    store = C10dStore(tcp_store)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    DeviceIndices(store, "p", "job", rank=0).publish()  # rank 0 compiles for cuda:0
+    assert "compile_once" not in caplog.text
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    warn_if_device_indices_differ(store, "p", rank=1)
-    assert store["p/device/1"] == b"1"
+    rank1 = DeviceIndices(store, "p", "job", rank=1)
+    rank1.publish()
+    assert store.get(rank1.key(1)) == b"1"
     assert ("this rank compiles for cuda:1 and rank 0 for cuda:0. Inductor's keys carry the device index, "
             "so only ranks on the same index share compiles. Give every worker its GPU as cuda:0: launch with "
             "`torchrun --virtual-local-rank` (and your other torchrun flags), or with `coordinator-run`, which sets "

@@ -223,6 +223,52 @@ def test_the_deal_is_the_same_on_every_rank_and_balances_the_cost():
     assert deal(costs, 2, [str(i) for i in range(len(costs))]) == deal(costs, 2)
 
 
+def test_ranks_on_other_device_indices_are_dealt_no_share(job, tmp_path):
+    # Plain torchrun on a GPU host: rank 1 compiles for cuda:1, under keys rank 0 never
+    # uses. Each rank then walks its chain alone: no share, no wait on the other's slots.
+    rank_options = {rank: {"device_index": rank} for rank in range(2)}
+    ours = job(2, {**OPTIONS, "model": "fused_qkv", "store": f"file://{tmp_path / 'store'}"},
+               rank_options=rank_options)
+    require_success(ours)
+    graphs = split_graphs(ours[0])
+    assert graphs >= 4
+    for r in ours:
+        counts = shares(r)
+        assert counts["compiled"] == 0 and counts["skipped"] == 0 and counts["waited"] == 0, counts
+        assert counts["missed"] == graphs, counts  # the chain compiled each itself
+        assert all(frame["share_s"] == 0 for frame in counts["frames"]), counts["frames"]
+
+
+_PEER = """
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from coordinator.protocol import devices
+from coordinator.protocol.stores.c10d import C10dStore
+port, rank, index, delay = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+devices.current_index = lambda: index
+store = C10dStore(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30)))
+time.sleep(delay)
+indices = devices.DeviceIndices(store, "p", "job", rank)
+indices.publish()
+print(indices.peers(5, wait_s=4.0))
+"""
+
+
+@pytest.mark.protocol
+def test_each_rank_deals_among_the_ranks_on_its_device_index(tcp_store):
+    # Five ranks: 0 and 2 on cuda:0, 1 and 3 on cuda:1 (rank 2 writes its index a second
+    # late), rank 4 never writes one and counts as everyone's peer once the wait ends.
+    import subprocess
+    import sys
+
+    ranks = {0: ("0", 0.0), 1: ("1", 0.0), 2: ("0", 1.0), 3: ("1", 0.0)}
+    procs = {rank: subprocess.Popen([sys.executable, "-c", _PEER, str(tcp_store.port), str(rank), index, str(delay)],
+                                    stdout=subprocess.PIPE, text=True) for rank, (index, delay) in ranks.items()}
+    peers = {rank: proc.communicate(timeout=120)[0].strip() for rank, proc in procs.items()}
+    assert peers == {0: "[0, 2, 4]", 1: "[1, 3, 4]", 2: "[0, 2, 4]", 3: "[1, 3, 4]"}, peers
+
+
 def test_the_switch_reads_its_environment_variable():
     assert Config.resolve(environ={}).concurrent_splits is True
     assert Config.resolve(environ={"COORDINATOR_CONCURRENT_SPLITS": "0"}).concurrent_splits is False

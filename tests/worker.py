@@ -468,6 +468,11 @@ def main() -> None:
     reference = make_model(kind, rank).to(dtype)
     if kind == "collective":
         model, reference = WithAllReduce(model), WithAllReduce(reference)
+    if options.get("device_index") is not None:
+        # As if this rank compiled for another CUDA device index (plain torchrun's cuda:RANK).
+        from coordinator.protocol import devices
+
+        devices.current_index = lambda: str(options["device_index"])
     bundle = options.get("bundle", "")
     bundle_result = None
     if bundle.startswith("load:"):

@@ -75,6 +75,9 @@ class Context:
     verify: Callable[[str, str, bytes], Sealed | None]
     #: ``feature(cls)``: the ``Session``'s instance of another feature (``None`` if not listed).
     feature: Callable[[type[Feature]], Feature | None]
+    #: ``peers(world, wait_s)``: the ranks of the job that compile for this rank's device
+    #: index (``coordinator.protocol.devices``), this rank among them, in rank order.
+    peers: Callable[[int, float], list[int]]
 
 
 class Feature:

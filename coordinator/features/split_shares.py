@@ -9,8 +9,10 @@ tensors (``_compat.SplitFrame``).
 
 So when a frame is split, before its chain, each rank compiles a share of its submodules:
 
-* **Shares.** Submodules are dealt to the job's ranks by their operator counts, largest
-  first, each to the rank with the least so far (ties: lowest index, lowest rank).
+* **Shares.** Submodules are dealt to the job's ranks that compile for this rank's device
+  index (``coordinator.protocol.devices``: ranks on other indices compile under other keys)
+  by their operator counts, largest first, each to the rank with the least so far (ties:
+  lowest index, lowest rank).
   Submodules of one kind (identical layers: the same operations on inputs of the same
   sizes, which compile to the same FX graphs) go to one rank together, where the first
   compiles the graphs and the others find them in Inductor's cache. Every rank computes
@@ -93,8 +95,9 @@ class SplitShareCounts(Counts, compiled=0, skipped=0, failed=0, seconds=0.0, wai
     inputs and compiling); submodules of other ranks' shares the chain ``waited`` for and then
     loaded; submodules of split frames the chain compiled itself (``missed``: an entry not
     found, a propagated input that differed from the chain's or an owner that gave up or
-    died, or a frame whose submodules no rank shared, this rank alone or no store); and each
-    split frame's :class:`FrameCounts` (``frames``), in the order this process split them."""
+    died, or a frame whose submodules no rank shared: this rank alone, or alone on its device
+    index, or no store); and each split frame's :class:`FrameCounts` (``frames``), in the
+    order this process split them."""
 
     def summary(self) -> str:
         if not (self.compiled or self.skipped or self.failed or self.waited or self.missed):
@@ -255,6 +258,10 @@ class SplitShares(Feature, counts=SplitShareCounts):
         rank, world = job_ranks()
         if flight is None or world < 2:
             return
+        # Only ranks on this rank's device index compile under its keys.
+        peers = self.context.peers(world, CLAIM_GRACE_S)
+        if len(peers) < 2:
+            return
         if frame.has_symbolic_floats():
             # Its chain may make Dynamo trace it again (specializing the float): shares
             # compiled before that would be thrown away. The chain compiles it, as stock.
@@ -264,7 +271,7 @@ class SplitShares(Feature, counts=SplitShareCounts):
         try:
             slots = self._slot_keys(frame)
             costs, kinds = frame.costs(), frame.kinds()
-            owners = deal(costs, world, kinds)
+            owners = [peers[owner] for owner in deal(costs, len(peers), kinds)]
             mine = [index for index, owner in enumerate(owners) if owner == rank]
             log.debug("compile_once: split frame #%d (%s): costs %s, kinds %s, owners %s",
                       len(self.counts.frames) - 1, counts.compile_id, costs, [k[:6] for k in kinds], owners)

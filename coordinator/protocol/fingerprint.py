@@ -88,34 +88,3 @@ def describe_difference(ours: dict[str, str], theirs: dict[str, str]) -> str:
     names = sorted(set(ours) | set(theirs))
     diffs = [f"{n}: {theirs.get(n)!s} != {ours.get(n)!s}" for n in names if ours.get(n) != theirs.get(n)]
     return "; ".join(diffs) if diffs else "no difference"
-
-
-def warn_if_device_indices_differ(store, prefix: str, rank: int) -> None:
-    """Warn once when ranks compile for different CUDA device indices.
-
-    Inductor's FX keys and code carry the device index, so cuda:0 and cuda:1 ranks
-    cannot share graphs; they still share among ranks with the same index.
-    """
-    import logging
-
-    import torch
-
-    from coordinator.errors import StoreError
-
-    if not torch.cuda.is_available():
-        return
-    index = torch.cuda.current_device()
-    try:
-        store.set(f"{prefix}/device/{rank}", str(index).encode())
-        peer = 1 if rank == 0 else 0
-        other = store.get(f"{prefix}/device/{peer}")
-    except StoreError:
-        return
-    if index != 0 or (other is not None and int(other) != index):
-        logging.getLogger(__name__).warning(
-            "compile_once: this rank compiles for cuda:%d%s. Inductor's keys carry the device "
-            "index, so only ranks on the same index share compiles. Give every worker its GPU as "
-            "cuda:0: launch with `torchrun --virtual-local-rank` (and your other torchrun flags), "
-            "or with `coordinator-run`, which sets it.",
-            index, "" if other is None else f" and rank {peer} for cuda:{int(other)}",
-        )
