@@ -1,0 +1,331 @@
+"""Any training script, stock against ours, in alternating pairs, launched the ways users launch it.
+
+    python benchmarks/user_script.py --label gpu-user-llama-n2 --ranks 2 --pairs 2 --rows stock ours cm \\
+        --cm-wrapper benchmarks/user_scripts/compile_once_wrapper.py -- benchmarks/user_scripts/user_llama_ddp.py
+    python benchmarks/user_script.py --label gpu-hf-gpt2-n2 --ranks 2 -- benchmarks/user_scripts/hf_ddp.py --model gpt2
+    python benchmarks/user_script.py --label probe --ranks 2 --until-step 1 \\
+        --rows stock ours ours-nowarm:COORDINATOR_WARM_COMPILE_POOL=0 -- train.py
+
+Rows, one job each per pair, on N ranks of this host (``--ranks``, one GPU each where there
+are enough; the script picks its devices):
+
+* ``stock``: ``torchrun --standalone --nproc-per-node N SCRIPT ARGS``;
+* ``ours``: ``coordinator-run`` (the console script installed with the package) with the
+  same arguments: the job's own store, every worker under ``compile_once``;
+* ``cm``: plain ``torchrun`` running ``--cm-wrapper`` (default ``benchmarks/in_compile_once.py``,
+  which enters ``compile_once`` around the script), then the script: the context-manager way.
+
+A row may carry variables, ``NAME:VAR=VALUE,VAR=VALUE`` (``ours-nowarm:COORDINATOR_WARM_COMPILE_POOL=0``);
+its launcher is its name up to the first ``-``. ``--env VAR=VALUE`` sets a variable for every job.
+
+Every job starts in a new empty directory, its working directory, ``TMPDIR``,
+``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR``: a cold start of a script run from
+elsewhere. Nothing of this checkout is on the jobs' ``PYTHONPATH``: ours runs the coordinator
+installed in this Python (the wheel with its dependencies, as users install it; where it
+was found goes into the raw results). Pairs alternate: the first runs the rows in the order
+given, the second in reverse (stock, ours, ours, stock), so that drift falls on both.
+
+Each job's wall runs from its launch to its exit, or, with ``--until-step K``, to the moment
+every rank has ended step K (the job is then stopped). Steps come from the script's own
+marks on its output (``--marks``: a regex with the groups ``what`` (``start``/``end``),
+``rank``, ``step`` and ``t``, seconds since the epoch; the default reads
+``HFSTEP start rank=0 step=1 ... t=...``): a step's time is its longest rank's end minus
+start. Step 1, and the recompile step: the last step the script marks (``--recompile-step``
+names another). A script with no marks: ``--compile-records`` sets ``TORCH_TRACE`` for every
+job and reads Dynamo's compile records instead (its chromium events): the span of each
+rank's first compiles (frame compile ids ``F/0``, their lazy backward compiles included) and
+of its recompiles (``F/1``), the longest rank.
+
+Prints and writes (``results/<label>.json``, the label's section of ``RESULTS.md``) a row per
+job, then per N and row the means and their ratio to stock's mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import common
+
+DEFAULT_MARKS = r"HFSTEP (?P<what>start|end) rank=(?P<rank>\d+) step=(?P<step>\d+)\b.*?\bt=(?P<t>[0-9.]+)"
+IN_COMPILE_ONCE = common.BENCHMARKS / "in_compile_once.py"
+LAUNCHERS = ("stock", "ours", "cm")
+
+
+def parse_row(text: str) -> tuple[str, str, dict[str, str]]:
+    """``NAME[:VAR=VALUE,...]`` -> (name, launcher, variables)."""
+    name, _, assignments = text.partition(":")
+    launcher = name.split("-", 1)[0]
+    if launcher not in LAUNCHERS:
+        raise SystemExit(f"row {text!r}: its name must start with one of {', '.join(LAUNCHERS)}")
+    variables = dict(pair.split("=", 1) for pair in assignments.split(",") if pair)
+    return name, launcher, variables
+
+
+def coordinator_run() -> str:
+    """The ``coordinator-run`` console script of this Python's environment."""
+    found = shutil.which("coordinator-run", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                                   os.environ.get("PATH", "")]))
+    if found is None:
+        raise SystemExit("coordinator-run is not installed in this Python: pip install the project first")
+    return found
+
+
+def installed_coordinator(cwd: str) -> str:
+    """Where a job's Python finds ``coordinator``, from a directory outside the checkout."""
+    probe = "import coordinator; print(coordinator.__file__)"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=cwd, capture_output=True, text=True,
+                         env=clean_env(cwd))
+    return out.stdout.strip() or out.stderr.strip().splitlines()[-1]
+
+
+def clean_env(tmp: str, **extra: str) -> dict[str, str]:
+    """This process's environment less this checkout on ``PYTHONPATH``, with ``tmp`` for the
+    job's temporary files and caches, and ``extra``."""
+    root = str(common.ROOT)
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != root]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    env.update(TMPDIR=tmp, TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor", TRITON_CACHE_DIR=f"{tmp}/inductor/triton")
+    env.update(extra)
+    return env
+
+
+def command(launcher: str, n: int, script: list[str], cm_wrapper: Path) -> list[str]:
+    torchrun = [sys.executable, "-m", common.TORCHRUN]
+    head = {"stock": torchrun, "ours": [coordinator_run()], "cm": torchrun}[launcher]
+    body = [str(cm_wrapper), *script] if launcher == "cm" else script
+    return [*head, "--standalone", f"--nproc-per-node={n}", *body]
+
+
+class Job:
+    """One launched job, its output read as it comes: the step marks, ``HFJOB`` lines and
+    the coordinator's summary lines."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd: str, marks: re.Pattern, n: int,
+                 until_step: int | None) -> None:
+        self.marks, self.n, self.until_step = marks, n, until_step
+        self.steps: dict[int, dict[int, dict[str, float]]] = {}  # step -> rank -> {start, end}
+        self.lines: list[str] = []
+        self.reached = threading.Event()
+        self.launched = time.time()
+        self.began = time.monotonic()
+        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            found = self.marks.search(line)
+            if found:
+                step, rank = int(found["step"]), int(found["rank"])
+                self.steps.setdefault(step, {}).setdefault(rank, {})[found["what"]] = float(found["t"])
+                if self.until_step is not None and self._all_ended(self.until_step):
+                    self.reached.set()
+
+    def _all_ended(self, step: int) -> bool:
+        ranks = self.steps.get(step, {})
+        return len(ranks) == self.n and all("end" in marks for marks in ranks.values())
+
+    def wait(self, timeout: float) -> dict:
+        """Run to the end (or to ``until_step``); the job's record."""
+        deadline = self.began + timeout
+        stopped = timed_out = False
+        while self.proc.poll() is None:
+            if self.reached.wait(timeout=0.2):
+                stopped = True
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+        wall = time.monotonic() - self.began
+        if self.proc.poll() is None:
+            self._stop()
+        self.reader.join(timeout=30)
+        return {"wall_s": round(wall, 2), "returncode": self.proc.returncode, "stopped_after_step": stopped or None,
+                "timed_out": timed_out, "steps": self.step_times(), "launched": self.launched,
+                "ranks": [json.loads(line.split("HFJOB ", 1)[1]) for line in self.lines if "HFJOB {" in line],
+                "summaries": [line.strip() for line in self.lines if "compile_once rank" in line]}
+
+    def _stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def step_times(self) -> dict[str, float]:
+        """Each marked step's time: its longest rank's end minus start."""
+        times = {}
+        for step, ranks in sorted(self.steps.items()):
+            spans = [m["end"] - m["start"] for m in ranks.values() if "start" in m and "end" in m]
+            if spans:
+                times[str(step)] = round(max(spans), 3)
+        return times
+
+
+def compile_records(trace_dir: Path) -> dict[str, float]:
+    """From ``TORCH_TRACE``'s files: the longest rank's span of its first compiles (frame
+    compile ids ``F/0``, as step ``1``) and of its recompiles (``F/1``, as ``2``), in seconds:
+    from the first to the last of Dynamo's chromium events of those compiles, the lazy
+    backward compiles of their graphs included."""
+    spans: dict[str, list[float]] = {"1": [], "2": []}
+    for path in trace_dir.glob("*.log"):
+        lines = path.read_text(errors="replace").splitlines()
+        times: dict[str, list[float]] = {"1": [], "2": []}
+        for i, line in enumerate(lines):
+            if '{"chromium_event"' not in line:
+                continue
+            head = json.loads(line[line.index("{"):])
+            step = {0: "1", 1: "2"}.get(head.get("frame_compile_id"))
+            payload = []
+            for following in lines[i + 1:]:
+                if not following.startswith("\t"):
+                    break
+                payload.append(following[1:])
+            event = json.loads("\n".join(payload)) if payload else {}
+            if step and event.get("ph") in ("B", "E") and "ts" in event:
+                times[step].append(event["ts"] / 1e6)
+        for step, stamps in times.items():
+            if stamps:
+                spans[step].append(max(stamps) - min(stamps))
+    return {step: round(max(values), 3) for step, values in spans.items() if values}
+
+
+def run_one(name: str, launcher: str, variables: dict[str, str], n: int, pair: int,
+            args: argparse.Namespace, marks: re.Pattern) -> dict:
+    with tempfile.TemporaryDirectory(prefix="user-script-") as tmp:
+        extra = dict(args.env, **variables)
+        if args.compile_records:
+            extra["TORCH_TRACE"] = f"{tmp}/trace"
+        env = clean_env(tmp, **extra)
+        cmd = command(launcher, n, args.script, args.cm_wrapper)
+        job = Job(cmd, env, tmp, marks, n, args.until_step)
+        record = job.wait(args.timeout)
+        if args.compile_records:
+            record["steps"] = compile_records(Path(tmp) / "trace")
+        log = common.log_file(args.job_logs, f"{args.label}-n{n}-{pair}-{name}.log")
+        if log:
+            log.write_text("".join(job.lines))
+    if record["returncode"] not in (0, None) and not record["stopped_after_step"] or record["timed_out"]:
+        print("".join(job.lines)[-4000:], file=sys.stderr)
+        raise SystemExit(f"job {name} (N={n}, pair {pair}) failed: {' '.join(cmd)}")
+    record.update(job=name, launcher=launcher, variables=variables, n=n, pair=pair, command=cmd)
+    return record
+
+
+def step(record: dict, which: str) -> float | None:
+    """Step 1 (``"1"``) or the recompile step (``"last"``, or ``--recompile-step``)."""
+    steps = record["steps"]
+    if not steps:
+        return None
+    return steps.get(str(max(int(s) for s in steps)) if which == "last" else which)
+
+
+def mean(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.mean(values), 2) if values else None
+
+
+def ratio(value: float | None, reference: float | None) -> str:
+    return f"{value / reference:.2f}×" if value is not None and reference else "-"
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def markdown(args: argparse.Namespace, raw: dict) -> str:
+    recompile = args.recompile_step or "last"
+    jobs = raw["jobs"]
+    lines = common.heading(args.label, f"Command: `{common.command('user_script.py')}`")
+    lines += [f"Machine: {raw['machine']}. Script: `{' '.join(args.script)}`; coordinator from "
+              f"`{raw['coordinator_at']}`. Every job cold (empty Inductor and Triton dirs, its own working dir); "
+              f"{args.pairs} alternating pair(s) per N"
+              + (f"; each job stopped once every rank ended step {args.until_step}" if args.until_step else "")
+              + ("; steps from Dynamo's compile records (first compiles, recompiles)" if args.compile_records else "")
+              + ".", ""]
+    lines += common.table_head("N", "pair", "job", "wall (s)", "÷ stock", "step 1 (s)", "÷ stock",
+                               "recompile step (s)", "÷ stock")
+    summary = []
+    for n in sorted({job["n"] for job in jobs}):
+        of_n = [job for job in jobs if job["n"] == n]
+        stock = [job for job in of_n if job["launcher"] == "stock"]
+        ref = {"wall": mean([j["wall_s"] for j in stock]), "1": mean([step(j, "1") for j in stock]),
+               "r": mean([step(j, recompile) for j in stock])}
+        for job in of_n:
+            s1, sr = step(job, "1"), step(job, recompile)
+            wall = job["wall_s"]
+            lines.append(f"| {n} | {job['pair']} | {job['job']} | {fmt(wall)} | {ratio(wall, ref['wall'])} "
+                         f"| {fmt(s1)} | {ratio(s1, ref['1'])} | {fmt(sr)} | {ratio(sr, ref['r'])} |")
+        for name in dict.fromkeys(job["job"] for job in of_n):
+            runs = [job for job in of_n if job["job"] == name]
+            w, s1, sr = (mean([j["wall_s"] for j in runs]), mean([step(j, "1") for j in runs]),
+                         mean([step(j, recompile) for j in runs]))
+            summary.append(f"| {n} | {name} | {len(runs)} | {fmt(w)} | {ratio(w, ref['wall'])} | {fmt(s1)} "
+                           f"| {ratio(s1, ref['1'])} | {fmt(sr)} | {ratio(sr, ref['r'])} |")
+    lines += ["", "Means per N and row, ratios to stock's means:", ""]
+    lines += common.table_head("N", "job", "runs", "wall (s)", "÷ stock", "step 1 (s)", "÷ stock",
+                               "recompile step (s)", "÷ stock")
+    lines += summary
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_output_args(p)
+    p.add_argument("--ranks", type=int, nargs="+", default=[2])
+    p.add_argument("--rows", nargs="+", default=["stock", "ours"], help="stock, ours, cm, each with :VAR=VALUE,...")
+    p.add_argument("--pairs", type=int, default=2, help="alternating pairs of the rows per N")
+    p.add_argument("--cm-wrapper", type=Path, default=IN_COMPILE_ONCE, help="the cm row's script around SCRIPT")
+    p.add_argument("--env", nargs="*", default=[], metavar="VAR=VALUE", help="for every job")
+    p.add_argument("--until-step", type=int, default=None, help="stop each job once every rank ended this step")
+    p.add_argument("--recompile-step", default=None, help="the step reported as the recompile's (default: the last)")
+    p.add_argument("--marks", default=DEFAULT_MARKS, help="regex of a step mark (groups what, rank, step, t)")
+    p.add_argument("--compile-records", action="store_true", help="no marks: read Dynamo's compile records")
+    p.add_argument("--timeout", type=float, default=900)
+    argv = sys.argv[1:]
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        p.error("give the script and its arguments after --")
+    args = p.parse_args(argv[:argv.index("--")])
+    args.script = argv[argv.index("--") + 1:]
+    args.script[0] = str(Path(args.script[0]).resolve())
+    args.cm_wrapper = args.cm_wrapper.resolve()
+    args.env = dict(pair.split("=", 1) for pair in args.env)
+    rows = [parse_row(row) for row in args.rows]
+    marks = re.compile(args.marks)
+    common.warm_page_cache()
+    with tempfile.TemporaryDirectory() as tmp:
+        where = installed_coordinator(tmp)
+    print(f"coordinator: {where}", flush=True)
+    raw = {"command": common.command("user_script.py"), "machine": common.machine(common.gpu_count()),
+           "coordinator_at": where, "script": args.script, "jobs": []}
+    for n in args.ranks:
+        for pair in range(1, args.pairs + 1):
+            for name, launcher, variables in (rows if pair % 2 else rows[::-1]):
+                record = run_one(name, launcher, variables, n, pair, args, marks)
+                raw["jobs"].append(record)
+                print(f"N={n} pair {pair} {name}: wall {record['wall_s']:.1f} s, steps {record['steps']}", flush=True)
+                common.save(args.label, raw, None, results_dir=args.results_dir)
+    section = markdown(args, raw)
+    print(section)
+    common.save(args.label, raw, section, results_dir=args.results_dir, out=args.out)
+
+
+if __name__ == "__main__":
+    main()
