@@ -128,23 +128,25 @@ def launch_command(launcher: str, n: int, script: Path, *args: str, launcher_arg
 
 
 def job_env(tmp: str | Path, **extra: str) -> dict[str, str]:
-    """This process's environment for a job: its temporary files in ``tmp``, the repository
-    importable (``coordinator``), and ``extra``."""
-    return dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                **extra)
+    """This process's environment for a job: its temporary files (and working directory,
+    :func:`run_job`) in ``tmp``, and ``extra``. The job imports the coordinator installed in
+    this Python (``pip install`` of the wheel, or ``-e .``), as a user's would: nothing of
+    this checkout is put on its path."""
+    return dict(os.environ, TMPDIR=str(tmp), **extra)
 
 
 def run_job(cmd: list[str], env: dict[str, str], out: Path, *, timeout: float, log: Path | None = None,
             sample: bool = False) -> Finished:
-    """Run a job to its end and read ``out``, the JSON its rank 0 writes; its output goes to
+    """Run a job to its end, from its ``TMPDIR``, and read ``out``, the JSON its rank 0 writes; its output goes to
     ``log`` where one is named. ``sample``: the machine's busy cores and GPUs over the job.
     A job still running after ``timeout`` s, or one this process is interrupted in, is stopped
     with its ranks (:class:`JobTimedOut`); a job that fails ends the benchmark (``SystemExit``)."""
     started = time.monotonic()
     cpu_before = cpu_busy_seconds() if sample else None
     gpu = GpuSampler() if sample else None
-    job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+    # Run from the job's temporary dir: ``python -m`` puts its working dir first on the path.
+    job = subprocess.Popen(cmd, env=env, cwd=env.get("TMPDIR"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)
     try:
         output, _ = job.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

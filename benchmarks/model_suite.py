@@ -375,8 +375,8 @@ def run_split(args: argparse.Namespace) -> None:
 
 def report(trace: Path) -> None:
     """Print ours' job's report (the rank and frame tables) and keep it beside the trace."""
-    done = subprocess.run([sys.executable, "-m", "coordinator.cli", "report", str(trace)], capture_output=True,
-                          text=True)
+    done = subprocess.run([sys.executable, "-m", "coordinator.cli", "report", str(trace)], cwd=trace,
+                          capture_output=True, text=True)
     (trace / "report.txt").write_text(done.stdout + done.stderr)
     print(done.stdout, flush=True)
 

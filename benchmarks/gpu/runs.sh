@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU measurements on the 2 x H200 host, logs and results in $OUT.
 #   bash benchmarks/gpu/runs.sh tier      # the GPU test tier (tests/gpu/run.sh)
+#   bash benchmarks/gpu/runs.sh user      # a user's own script (benchmarks/user_script.py): $SCRIPT (default
+#                                            # user_scripts/user_llama_ddp.py) with $SCRIPT_ARGS, N=$RANKS (default 2),
+#                                            # rows $ROWS (default stock ours cm; the cm row through $CM_WRAPPER, default
+#                                            # the script's own user_scripts/compile_once_wrapper.py), $PAIRS alternating
+#                                            # pairs (default 2), UNTIL=K stops each job after step K; JOB_ENV="--env V=1"
 #   bash benchmarks/gpu/runs.sh n2        # cold start, N=2 (NCCL), rows $ROWS (default a d e c f)
 #   bash benchmarks/gpu/runs.sh n8        # cold start, N=8 emulated on 2 GPUs (gloo), rows $ROWS (default a d e);
 #                                            # JOB_LOGS=<dir> keeps each job's output (COLD_START_LOG_LEVEL=DEBUG: coordinator lines)
@@ -42,6 +47,10 @@
 # --platform any -d .whl "moto[s3]" flask flask-cors s3fs (41 wheels, 34 MB), and carry .whl; the restart step installs them.
 # py-spy is not on the GPU host: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
 # --implementation cp --platform manylinux_2_5_x86_64 -d .whl py-spy (0.4.3 checked), and carry .whl.
+# Every step first installs the project as users do: carry .whl holding the project's wheel
+# (python3 -m pip wheel --no-deps -w .whl .) and the dependencies the GPU host lacks (redis-py:
+# ../shared/wheels/device-cp312/, or python3 -m pip download --no-deps --only-binary=:all:
+# --python-version 3.12 -d .whl redis); see benchmarks/gpu/install.sh.
 # Each step stops at BUDGET_S seconds (default 570), so that one device call (10 minutes at
 # most) returns what it measured; cold_start.py saves its table after every run, and a rank's
 # py-spy stops 20 s before then, writing its samples. Every step leaves $OUT/machine.txt (host,
@@ -50,7 +59,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# The project as users install it: the wheel and its dependencies (benchmarks/gpu/install.sh), no
+# checkout on the path (the runners start every job in a directory of its own).
+bash benchmarks/gpu/install.sh 2>&1 | tee "$OUT/install.log"; [ "${PIPESTATUS[0]}" = 0 ] || exit 1
+export COORDINATOR_WHEEL_INSTALLED=1
 START=$SECONDS
 left() { echo $(( ${BUDGET_S:-570} - (SECONDS - START) )); }
 # A rank sampling itself (--profile-ranks) stops py-spy at this time, so its samples are written
@@ -65,7 +77,40 @@ SMALL="--dim 512 --seq 256 --layers 4"
 LARGE="--dim 768 --seq 512 --layers 12"
 REFS=${REFS-benchmarks/results/gpu-small-default-references.json}
 
-case "${1:?tier | n2 | n8 | large | profile8 | profile1 | mac | repeated | restart | split-cold}" in
+case "${1:?tier | user | worker-redis | n2 | n8 | large | profile8 | profile1 | mac | repeated | restart | split-cold}" in
+  worker-redis)
+    # Where the compile workers' Triton jobs look for Redis, the user script at N=2, each job stopped
+    # after step 1 (benchmarks/tools/watch_workers.py reads the workers' /proc/PID/environ): first the
+    # wheel in .whl/old (an earlier commit) with its defaults, TORCHINDUCTOR_REDIS_URL set, and
+    # TORCH_WARM_POOL=0; then this wheel, with and without the early pool, under a listener on
+    # 127.0.0.1:6379 that counts every connection (none wanted).
+    label=${LABEL:-gpu-worker-redis}
+    rm -rf "/tmp/jl-$label"
+    args=(--ranks 2 --until-step 1 --env HF_LOG=1 --job-logs "/tmp/jl-$label" --results-dir "$OUT" --out "$OUT/$label.md")
+    script=benchmarks/user_scripts/user_llama_ddp.py
+    python3 -m pip install -q --no-index --no-deps --force-reinstall --no-cache-dir .whl/old/*.whl
+    python3 benchmarks/tools/watch_workers.py --out "$OUT/$label-old-workers.json" & watcher=$!
+    timeout "$(left)" python3 benchmarks/user_script.py "${args[@]}" --label "$label-old" --pairs 1 --rows ours \
+      ours-url:TORCHINDUCTOR_REDIS_URL=coordinator-no-remote-cache-in-compile-workers:// ours-nopool:TORCH_WARM_POOL=0 \
+      -- $script 2>&1 | tee "$OUT/$label-old.log"
+    kill $watcher; wait $watcher
+    python3 -m pip install -q --no-index --no-deps --force-reinstall --no-cache-dir .whl/torch_compile_coordinator-*.whl
+    python3 benchmarks/tools/watch_workers.py --listen 6379 --out "$OUT/$label-new-workers.json" & watcher=$!
+    timeout "$(left)" python3 benchmarks/user_script.py "${args[@]}" --label "$label-new" --pairs "${PAIRS:-2}" \
+      --rows ours ours-nowarm:COORDINATOR_WARM_COMPILE_POOL=0 -- $script 2>&1 | tee "$OUT/$label-new.log"
+    kill $watcher; wait $watcher
+    tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .
+    ;;
+  user)
+    label=${LABEL:-gpu-user-llama-n${RANKS:-2}}
+    rm -rf "/tmp/jl-$label"
+    timeout "$(left)" python3 benchmarks/user_script.py --label "$label" --ranks ${RANKS:-2} --pairs ${PAIRS:-2} \
+      --rows ${ROWS:-stock ours cm} --cm-wrapper "${CM_WRAPPER:-benchmarks/user_scripts/compile_once_wrapper.py}" \
+      ${UNTIL:+--until-step $UNTIL} --env HF_LOG=1 ${JOB_ENV:-} --job-logs "/tmp/jl-$label" --results-dir "$OUT" \
+      --out "$OUT/$label.md" -- ${SCRIPT:-benchmarks/user_scripts/user_llama_ddp.py} ${SCRIPT_ARGS:-} 2>&1 \
+      | tee "$OUT/$label.log"
+    tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .
+    ;;
   split-cold)
     label=${LABEL:-gpu-split-cold-n${RANKS:-4}}
     rm -rf "/tmp/jl-$label"
