@@ -37,7 +37,9 @@ rank's first compiles (frame compile ids ``F/0``, their lazy backward compiles i
 of its recompiles (``F/1``), the longest rank.
 
 Prints and writes (``results/<label>.json``, the label's section of ``RESULTS.md``) a row per
-job, then per N and row the means and their ratio to stock's mean.
+job, then per N and row the means and their ratio to stock's mean. ``--from-json FILE`` runs
+nothing: it makes the table of the runs FILE holds (with ``--job-logs``, their steps read again
+from the jobs' logs there).
 """
 
 from __future__ import annotations
@@ -130,12 +132,9 @@ class Job:
     def _read(self) -> None:
         for line in self.proc.stdout:
             self.lines.append(line)
-            found = self.marks.search(line)
-            if found:
-                step, rank = int(found["step"]), int(found["rank"])
-                self.steps.setdefault(step, {}).setdefault(rank, {})[found["what"]] = float(found["t"])
-                if self.until_step is not None and self._all_ended(self.until_step):
-                    self.reached.set()
+            if add_marks(self.steps, self.marks, line) and self.until_step is not None \
+                    and self._all_ended(self.until_step):
+                self.reached.set()
 
     def _all_ended(self, step: int) -> bool:
         ranks = self.steps.get(step, {})
@@ -170,13 +169,26 @@ class Job:
             self.proc.wait()
 
     def step_times(self) -> dict[str, float]:
-        """Each marked step's time: its longest rank's end minus start."""
-        times = {}
-        for step, ranks in sorted(self.steps.items()):
-            spans = [m["end"] - m["start"] for m in ranks.values() if "start" in m and "end" in m]
-            if spans:
-                times[str(step)] = round(max(spans), 3)
-        return times
+        return step_times(self.steps)
+
+
+def add_marks(steps: dict[int, dict[int, dict[str, float]]], marks: re.Pattern, line: str) -> bool:
+    """Record the step marks in ``line`` (ranks writing at once can share a line); whether any."""
+    found = False
+    for mark in marks.finditer(line):
+        steps.setdefault(int(mark["step"]), {}).setdefault(int(mark["rank"]), {})[mark["what"]] = float(mark["t"])
+        found = True
+    return found
+
+
+def step_times(steps: dict[int, dict[int, dict[str, float]]]) -> dict[str, float]:
+    """Each marked step's time: its longest rank's end minus start."""
+    times = {}
+    for step, ranks in sorted(steps.items()):
+        spans = [m["end"] - m["start"] for m in ranks.values() if "start" in m and "end" in m]
+        if spans:
+            times[str(step)] = round(max(spans), 3)
+    return times
 
 
 def compile_records(trace_dir: Path) -> dict[str, float]:
@@ -229,7 +241,7 @@ def run_one(name: str, launcher: str, variables: dict[str, str], n: int, pair: i
     return record
 
 
-def step(record: dict, which: str) -> float | None:
+def step_of(record: dict, which: str) -> float | None:
     """Step 1 (``"1"``) or the recompile step (``"last"``, or ``--recompile-step``)."""
     steps = record["steps"]
     if not steps:
@@ -250,19 +262,25 @@ def fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def markdown(args: argparse.Namespace, raw: dict) -> str:
-    recompile = args.recompile_step or "last"
+def markdown(raw: dict) -> str:
+    recompile = raw.get("recompile_step") or "last"
     jobs = raw["jobs"]
-    lines = common.heading(args.label, f"Command: `{common.command('user_script.py')}`")
-    lines += [f"Machine: {raw['machine']}. Script: `{' '.join(args.script)}`; coordinator from "
+    lines = common.heading(raw["label"], f"Command: `{raw['command']}`")
+    lines += [f"Machine: {raw['machine']}. Script: `{' '.join(raw['script'])}`; coordinator from "
               f"`{raw['coordinator_at']}`. Every job cold (empty Inductor and Triton dirs, its own working dir); "
-              f"{args.pairs} alternating pair(s) per N"
-              + (f"; each job stopped once every rank ended step {args.until_step}" if args.until_step else "")
-              + ("; steps from Dynamo's compile records (first compiles, recompiles)" if args.compile_records else "")
+              f"{raw['pairs']} alternating pair(s) per N"
+              + (f"; each job stopped once every rank ended step {raw['until_step']}" if raw.get("until_step") else "")
+              + ("; steps from Dynamo's compile records (first compiles, recompiles)"
+                 if raw.get("compile_records") else "")
               + ".", ""]
     lines += common.table_head("N", "pair", "job", "wall (s)", "÷ stock", "step 1 (s)", "÷ stock",
                                "recompile step (s)", "÷ stock")
     summary = []
+    stopped = raw.get("until_step") and recompile == "last"  # no step after the one it stopped at
+
+    def step(job: dict, which: str) -> float | None:
+        return None if stopped and which == recompile else step_of(job, which)
+
     for n in sorted({job["n"] for job in jobs}):
         of_n = [job for job in jobs if job["n"] == n]
         stock = [job for job in of_n if job["launcher"] == "stock"]
@@ -299,22 +317,48 @@ def main() -> None:
     p.add_argument("--marks", default=DEFAULT_MARKS, help="regex of a step mark (groups what, rank, step, t)")
     p.add_argument("--compile-records", action="store_true", help="no marks: read Dynamo's compile records")
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--from-json", type=Path, default=None, metavar="FILE",
+                   help="no jobs: the table of FILE's runs (its steps read again from --job-logs where given)")
     argv = sys.argv[1:]
-    if "--" not in argv or argv.index("--") == len(argv) - 1:
-        p.error("give the script and its arguments after --")
-    args = p.parse_args(argv[:argv.index("--")])
-    args.script = argv[argv.index("--") + 1:]
-    args.script[0] = str(Path(args.script[0]).resolve())
-    args.cm_wrapper = args.cm_wrapper.resolve()
-    args.env = dict(pair.split("=", 1) for pair in args.env)
-    rows = [parse_row(row) for row in args.rows]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:split])
     marks = re.compile(args.marks)
+    if args.from_json is not None:
+        raw = json.loads(args.from_json.read_text())
+        raw["label"] = args.label
+        if args.job_logs:
+            for job in raw["jobs"]:
+                steps: dict[int, dict[int, dict[str, float]]] = {}
+                log = Path(args.job_logs) / f"{args.label}-n{job['n']}-{job['pair']}-{job['job']}.log"
+                for line in log.read_text().splitlines():
+                    add_marks(steps, marks, line)
+                job["steps"] = step_times(steps)
+    else:
+        if split >= len(argv) - 1:
+            p.error("give the script and its arguments after --")
+        args.script = argv[split + 1:]
+        args.script[0] = str(Path(args.script[0]).resolve())
+        args.cm_wrapper = args.cm_wrapper.resolve()
+        args.env = dict(pair.split("=", 1) for pair in args.env)
+        raw = run_all(args, marks)
+    for name in ("pairs", "until_step", "recompile_step", "compile_records"):
+        raw.setdefault(name, getattr(args, name))
+    section = markdown(raw)
+    print(section)
+    common.save(args.label, raw, section, results_dir=args.results_dir, out=args.out)
+
+
+def run_all(args: argparse.Namespace, marks: re.Pattern) -> dict:
+    """Every job of the invocation, in alternating pairs; the raw record, saved as it grows."""
+    rows = [parse_row(row) for row in args.rows]
     common.warm_page_cache()
     with tempfile.TemporaryDirectory() as tmp:
         where = installed_coordinator(tmp)
     print(f"coordinator: {where}", flush=True)
-    raw = {"command": common.command("user_script.py"), "machine": common.machine(common.gpu_count()),
-           "coordinator_at": where, "script": args.script, "jobs": []}
+    raw = {"label": args.label, "command": common.command("user_script.py"),
+           "machine": common.machine(common.gpu_count()), "coordinator_at": where, "script": args.script,
+           "pairs": args.pairs, "until_step": args.until_step, "recompile_step": args.recompile_step,
+           "compile_records": args.compile_records, "jobs": []}
     for n in args.ranks:
         for pair in range(1, args.pairs + 1):
             for name, launcher, variables in (rows if pair % 2 else rows[::-1]):
@@ -322,9 +366,7 @@ def main() -> None:
                 raw["jobs"].append(record)
                 print(f"N={n} pair {pair} {name}: wall {record['wall_s']:.1f} s, steps {record['steps']}", flush=True)
                 common.save(args.label, raw, None, results_dir=args.results_dir)
-    section = markdown(args, raw)
-    print(section)
-    common.save(args.label, raw, section, results_dir=args.results_dir, out=args.out)
+    return raw
 
 
 if __name__ == "__main__":
