@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU measurements on the 2 x H200 host, logs and results in $OUT.
-#   bash benchmarks/gpu/runs.sh tier      # the GPU test tier (tests/gpu/run.sh)
+#   bash benchmarks/gpu/runs.sh tier [ARGS]  # the GPU test tier (tests/gpu/run.sh; ARGS go to pytest)
 #   bash benchmarks/gpu/runs.sh user      # a user's own script (benchmarks/user_script.py): $SCRIPT (default
 #                                            # user_scripts/user_llama_ddp.py) with $SCRIPT_ARGS, N=$RANKS (default 2),
 #                                            # rows $ROWS (default stock ours cm; the cm row through $CM_WRAPPER, default
@@ -133,7 +133,8 @@ case "${1:?tier | user | worker-redis | n2 | n8 | large | profile8 | profile1 | 
     if [ -n "${PROFILE:-}" ]; then tar czf "$OUT/$label-prof.tgz" -C /tmp/restart-prof .; fi
     ;;
   tier)
-    OUT=$OUT timeout "$(left)" bash tests/gpu/run.sh
+    shift  # what follows the step goes to pytest (-k ...)
+    OUT=$OUT timeout "$(left)" bash tests/gpu/run.sh "$@"
     ;;
   n2)
     label=${LABEL:-gpu-small-n2}
