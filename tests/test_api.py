@@ -158,7 +158,7 @@ def test_compile_jobs_stay_off_redis_whenever_the_pool_started(tmp_path):
     session every Triton compile job carries an invalid Redis URL, so that the backend fails
     at once: in a pool the session started, and in one the script's own compile started
     before it (Inductor's pool, real worker processes: ``tests/compile_worker_probe.py``).
-    A user's own Redis settings are left alone."""
+    A user's own Redis settings, or remote autotune cache, are left alone."""
     from coordinator import _compat
 
     def seen(mode: str, **env: str) -> dict:
@@ -174,6 +174,8 @@ def test_compile_jobs_stay_off_redis_whenever_the_pool_started(tmp_path):
     assert {k: early["during"][k] for k in guarded} == guarded, early
 
     users = seen("not-started", TORCHINDUCTOR_REDIS_HOST="my-redis")  # the user's Redis: theirs
+    assert users["during"]["redis_url"] is None and users["during"]["builds_redis_cache"], users
+    users = seen("not-started", TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE="1")  # their own cache, on localhost
     assert users["during"]["redis_url"] is None and users["during"]["builds_redis_cache"], users
 
 

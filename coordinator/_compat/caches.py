@@ -186,6 +186,10 @@ def routed_remote_caches(backends: dict[str, type]) -> Iterator[None]:
         saved.append((obj, name, getattr(obj, name)))
         setattr(obj, name, value)
 
+    triton_kinds = [kind for kind in backends if CACHE_KINDS[kind].triton_only]
+    # The user's own remote autotune cache, on before we route: its workers may use it.
+    users_cache = any(getattr(_import(module), attr, None) is True
+                      for kind in triton_kinds for module, attr in CACHE_KINDS[kind].switches)
     try:
         for kind, backend_cls in backends.items():
             set_attr(getattr(remote_cache, CACHE_KINDS[kind].inductor_class), "backend_override_cls", backend_cls)
@@ -194,8 +198,8 @@ def routed_remote_caches(backends: dict[str, type]) -> Iterator[None]:
         inductor_config = _import("torch._inductor.config")
         set_attr(inductor_config, "bundle_triton_into_fx_graph_cache", True)
         _clear_cached_remote_caches()
-        triton_kinds = any(CACHE_KINDS[kind].triton_only for kind in backends)
-        with compile_jobs_without_redis() if triton_kinds else contextlib.nullcontext():
+        guard = triton_kinds and not users_cache
+        with compile_jobs_without_redis() if guard else contextlib.nullcontext():
             yield
     finally:
         for obj, name, value in reversed(saved):

@@ -18,7 +18,9 @@ matter to a session:
   once (``create_cache`` logs it to the worker's log file and goes on without one). The
   kernel's cache is routed to the coordinator when it arrives in this process
   (``triton_tuning.route_autotune_cache``). Left alone where the user configured
-  Inductor's Redis.
+  Inductor's Redis (its variables, or its remote autotune cache on before the session). A
+  worker keeps the variable after the session; kernels compiled then ask for no remote
+  autotune cache unless the user configured one, and then the guard was never set.
 * **How many.** Each rank starts ``compile_threads`` workers, torch's default the smaller
   of 32 and the cores it may run on, whatever the number of ranks on the host: 2 ranks on
   32 cores start 64 workers, 8 ranks 256. :func:`size_compile_pool` gives each of a

@@ -50,7 +50,9 @@ class DeviceIndices:
         self.rank = rank
         self.index = current_index()
         self._base = f"{prefix}/device/{hashlib.sha256(job.encode()).hexdigest()[:24]}"
-        self._peers: list[int] | None = None
+        #: rank -> the device index it wrote (read once: a rank's index does not change).
+        self._indices: dict[int, str] = {}
+        self._waited = False
 
     def key(self, rank: int) -> str:
         return f"{self._base}/{rank}"
@@ -77,30 +79,28 @@ class DeviceIndices:
 
     def peers(self, world: int, wait_s: float) -> list[int]:
         """The ranks of a job of ``world`` ranks that compile for this rank's index, this
-        rank among them, in rank order: read once, waiting up to ``wait_s`` for ranks that
-        have not written theirs (they then count as peers)."""
-        if self._peers is not None:
-            return self._peers
-        indices: list[str | None] = [None] * world
-        indices[self.rank] = self.index
-        deadline = time.monotonic() + wait_s
+        rank among them, in rank order. Indices not read yet are read, at the first call
+        waiting up to ``wait_s`` for ranks that have not written theirs: those count as
+        peers, and are read again at the next call (a rank that opens the store late is dealt
+        nothing once its index is known to differ)."""
+        self._indices[self.rank] = self.index
+        deadline = time.monotonic() + (0.0 if self._waited else wait_s)
+        self._waited = True
         while True:
-            missing = [rank for rank in range(world) if indices[rank] is None]
+            missing = [rank for rank in range(world) if rank not in self._indices]
             if not missing:
                 break
             try:
                 for rank, value in zip(missing, self.store.get_many([self.key(r) for r in missing]), strict=True):
                     if value is not None:
-                        indices[rank] = value.decode()
+                        self._indices[rank] = value.decode()
             except StoreError as exc:
                 log.debug("compile_once: could not read the ranks' device indices: %s", exc)
                 break
-            if all(index is not None for index in indices) or time.monotonic() >= deadline:
+            if len(self._indices) >= world or time.monotonic() >= deadline:
                 break
             time.sleep(_POLL_S)
-        peers = [rank for rank, index in enumerate(indices) if index is None or index == self.index]
-        unknown = sum(index is None for index in indices)
+        unknown = world - sum(rank < world for rank in self._indices)
         if unknown:
             log.debug("compile_once: %d ranks' device indices not known after %.1fs; counted as peers", unknown, wait_s)
-        self._peers = peers
-        return peers
+        return [rank for rank in range(world) if self._indices.get(rank, self.index) == self.index]
