@@ -75,7 +75,15 @@ def compile_jobs_without_redis() -> Iterator[None]:
     if any(name in os.environ for name in _REDIS_VARIABLES):
         yield
         return
-    from torch._inductor.runtime.compile_tasks import _worker_compile_triton
+    try:
+        from torch._inductor.runtime.compile_tasks import _worker_compile_triton
+
+        classes = _pool_classes()
+    except ImportError as exc:  # another layout: at least the workers started from now on
+        log.debug("compile_once: compile jobs not found (%s); guarding workers started from now on", exc)
+        with _workers_started_without_redis():
+            yield
+        return
 
     def guarded(submit: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(submit)
@@ -86,7 +94,6 @@ def compile_jobs_without_redis() -> Iterator[None]:
 
         return submit_without_redis
 
-    classes = _pool_classes()
     own = {cls: cls.__dict__.get("submit") for cls in classes}
     for cls in classes:
         cls.submit = guarded(cls.submit)
@@ -98,6 +105,17 @@ def compile_jobs_without_redis() -> Iterator[None]:
                 del cls.submit  # inherited again
             else:
                 cls.submit = submit
+
+
+@contextlib.contextmanager
+def _workers_started_without_redis() -> Iterator[None]:
+    """The invalid URL in this process's environment, which workers started from now on inherit."""
+    os.environ["TORCHINDUCTOR_REDIS_URL"] = NO_REDIS_URL
+    try:
+        yield
+    finally:
+        if os.environ.get("TORCHINDUCTOR_REDIS_URL") == NO_REDIS_URL:
+            del os.environ["TORCHINDUCTOR_REDIS_URL"]
 
 
 def pool_started() -> bool:
@@ -129,14 +147,18 @@ def size_compile_pool(local_ranks: int) -> int | None:
 
     if local_ranks < 2 or torch.version.cuda is None or not torch.cuda.is_available():
         return None
-    if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ or pool_started():
-        return None
-    from torch._inductor import config
+    try:
+        if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ or pool_started():
+            return None
+        from torch._inductor import config
 
-    workers = compile_pool_size(host_cpus(), local_ranks)
-    if config.compile_threads is not None and config.compile_threads <= workers:
+        workers = compile_pool_size(host_cpus(), local_ranks)
+        if config.compile_threads is not None and config.compile_threads <= workers:
+            return None
+        config.compile_threads = workers
+    except Exception as exc:  # torch's own number, as without us
+        log.debug("compile_once: could not size Inductor's compile workers: %s", exc)
         return None
-    config.compile_threads = workers
     log.debug("compile_once: %d compile workers for this rank (%d ranks on this host)", workers, local_ranks)
     return workers
 
