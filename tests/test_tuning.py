@@ -275,16 +275,19 @@ def inductor_meta(name: str, coordesc: bool = False) -> dict:
 def kernels_from_a_worker(tmp_path, names: list[str], coordesc: bool = False,
                           node: str = "leader-node") -> dict[str, KernelFromWorker]:
     """Build the kernels' autotune caches in a compile-worker process started now (with
-    this process's environment, as Inductor starts its workers) and unpickle them here.
-    The worker checks this rank's local autotune cache, as Inductor's do."""
+    this process's environment, as Inductor starts its workers, and the Redis URL each
+    compile job carries inside a session: ``test_api``'s compile-jobs test) and unpickle
+    them here. The worker checks this rank's local autotune cache, as Inductor's do."""
+    import os
     import pickle
     import subprocess
     import sys
 
     asked = [(name, str(tmp_path / node / "ab" / f"c{name}.py"), inductor_meta(name, coordesc))
              for name in names]
+    env = dict(os.environ, TORCHINDUCTOR_REDIS_URL=_compat.NO_REDIS_URL)
     done = subprocess.run([sys.executable, "-c", WORKER], input=pickle.dumps(asked), capture_output=True,
-                          check=True, timeout=120)
+                          check=True, timeout=120, env=env)
     kernels = {}
     for name, (no_remote_in_worker, hook, kept, info) in pickle.loads(done.stdout).items():
         assert no_remote_in_worker  # the worker had no remote cache: the case routed here
