@@ -223,6 +223,7 @@ def test_the_deal_is_the_same_on_every_rank_and_balances_the_cost():
     assert deal(costs, 2, [str(i) for i in range(len(costs))]) == deal(costs, 2)
 
 
+@pytest.mark.one_torch  # the deal's peers; the split frames' hooks run in the tests above on every torch
 def test_ranks_on_other_device_indices_are_dealt_no_share(job, tmp_path):
     # Plain torchrun on a GPU host: rank 1 compiles for cuda:1, under keys rank 0 never
     # uses. Each rank then walks its chain alone: no share, no wait on the other's slots.
