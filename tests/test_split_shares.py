@@ -236,8 +236,11 @@ def test_ranks_on_other_device_indices_are_dealt_no_share(job, tmp_path):
     for r in ours:
         counts = shares(r)
         assert counts["compiled"] == 0 and counts["skipped"] == 0 and counts["waited"] == 0, counts
-        assert counts["missed"] == graphs, counts  # the chain compiled each itself
-        assert all(frame["share_s"] == 0 for frame in counts["frames"]), counts["frames"]
+        # Each graph went through this rank's chain: compiled there, or (on CPU the two
+        # indices are one key space) found already published by the other rank's chain.
+        assert all(f["served"] + f["missed"] == f["graphs"] and f["share_s"] == 0 and f["compiled"] == 0
+                   for f in counts["frames"]), counts["frames"]
+        assert sum(f["graphs"] for f in counts["frames"]) == graphs
 
 
 _PEER = """
