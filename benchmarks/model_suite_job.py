@@ -167,6 +167,13 @@ def main() -> None:
                    help="profile this process with cProfile into PREFIX.rank<N>.prof (timings then include "
                         "the profiler's overhead)")
     args = p.parse_args()
+    # model_suite.py --profile-ranks: py-spy samples this rank's process until its steps end.
+    profile_self = os.environ.get("SUITE_PROFILE_SELF")
+    sampler = None
+    if profile_self:
+        from common import start_self_profile
+
+        sampler = start_self_profile(f"{profile_self}-rank{os.environ.get('RANK', 0)}.txt")
     if args.profile:
         import cProfile
 
@@ -228,6 +235,10 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())  # syncs the device
         step_ends.append(time.time())
+    if sampler is not None:
+        from common import stop_self_profile
+
+        stop_self_profile(sampler)
 
     import resource
 

@@ -34,7 +34,8 @@
 #                                            # $MODELS (default llama phi3), the 142M size ($SIZE), N=$RANKS (default 4),
 #                                            # $REPEAT pairs (default 1) alternating from $ORDER (stock-first or ours-first): steps,
 #                                            # AOTAutograd misses, shares and price per frame; ours' traces and reports in
-#                                            # the job logs
+#                                            # the job logs; PROFILE_RANKS=1: each rank samples its own process
+#                                            # (py-spy, carried in .whl) until its steps end, in $OUT/$LABEL-samples.tgz
 #   bash benchmarks/gpu/runs.sh mac       # cold start, N=$RANKS (default 2), the 4-layer GPT in max-autotune-no-cudagraphs,
 #                                            # rows $ROWS (default a d e); its own references unless MAC_REFS=<results json>;
 #                                            # JOB_LOGS as for n8; PROFILE_RANKS=1: each rank samples its own
@@ -113,11 +114,16 @@ case "${1:?tier | user | worker-redis | n2 | n8 | large | profile8 | profile1 | 
     ;;
   split-cold)
     label=${LABEL:-gpu-split-cold-n${RANKS:-4}}
-    rm -rf "/tmp/jl-$label"
+    rm -rf "/tmp/jl-$label" "/tmp/samples-$label"
+    if [ -n "${PROFILE_RANKS:-}" ] && ! command -v py-spy >/dev/null; then
+      python3 -m pip install -q --no-index --find-links .whl py-spy 2>&1 | tail -2
+    fi
     timeout "$(left)" python3 benchmarks/model_suite.py --split --label "$label" --models ${MODELS:-llama phi3} \
       --size ${SIZE:-restart} --ranks ${RANKS:-4} --order ${ORDER:-stock-first} --repeat ${REPEAT:-1} --gpu --trace \
+      ${PROFILE_RANKS:+--profile-ranks "/tmp/samples-$label"} \
       --job-logs "/tmp/jl-$label" --results-dir "$OUT" --out "$OUT/$label.md" 2>&1 | tee "$OUT/$label.log"
     tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .
+    if [ -n "${PROFILE_RANKS:-}" ]; then tar czf "$OUT/$label-samples.tgz" -C "/tmp/samples-$label" .; fi
     ;;
   restart)
     label=${LABEL:-gpu-restart-n${RANKS:-1}}
