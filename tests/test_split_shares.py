@@ -14,7 +14,7 @@ import torch
 from conftest import require_success
 
 from coordinator import Config
-from coordinator.features.split_shares import deal
+from coordinator.features.split_shares import deal, work_order
 
 OPTIONS = {"ddp": True, "bucket_cap_mb": 1, "shapes": [8, 12], "record_split": True}
 
@@ -116,6 +116,14 @@ def test_a_recompile_shares_every_graph_of_a_model_with_rotary_like_tables(job, 
         assert all(f["compile_id"] and f["share_s"] > 0 and f["chain_s"] > 0 for f in counted), counted
         assert row.shares_s == pytest.approx(sum(f["share_s"] for f in counted), abs=0.01)
         assert row.chains_s == pytest.approx(sum(f["chain_s"] for f in counted), abs=0.01)
+    # Each rank's part of each frame, as the rank counted it: the deal, its compiles, its waits.
+    assert [(row.frame, row.rank) for row in report.shares] == [(n, rank) for n in range(len(sizes)) for rank in (0, 1)]
+    for row in report.shares:
+        counted = shares(ours[row.rank])["frames"][row.frame]
+        assert (row.dealt, row.compiled, row.taken) == (counted["dealt"], counted["compiled"], counted["taken"])
+        assert row.waited_s == pytest.approx(counted["waited_s"], abs=0.01)
+    assert sum(row.dealt for row in report.shares) == sum(sizes), report.frame_table()
+    assert "split frames per rank" in report.frame_table()
 
 
 def test_an_input_the_propagation_gets_wrong_is_a_miss_compiled_in_the_chain(job, tmp_path):
@@ -221,6 +229,35 @@ def test_the_deal_is_the_same_on_every_rank_and_balances_the_cost():
     assert owners[1] == owners[4] and owners[2] == owners[5] and owners[1] != owners[2], owners
     assert owners == deal(costs, 2, list(kinds))
     assert deal(costs, 2, [str(i) for i in range(len(costs))]) == deal(costs, 2)
+
+
+def test_a_rank_done_with_its_share_takes_the_groups_others_reach_last_first():
+    owners = [1, 0, 2, 3, 3, 2, 1]
+    assert work_order(owners, 0) == [[1], [6], [5], [4], [0], [2], [3]]
+    assert work_order(owners, 3) == [[3], [4], [1], [6], [5], [0], [2]]
+    # Every submodule exactly once in every rank's order; a kind's group stays together.
+    for rank in range(4):
+        assert sorted(i for group in work_order(owners, rank) for i in group) == list(range(7))
+    assert work_order([0, 0, 1, 1], 1, ["a", "a", "b", "c"]) == [[2], [3], [0, 1]]
+    assert work_order([0, 0], 0) == [[0], [1]] and work_order([], 2) == []
+
+
+@pytest.mark.one_torch  # the split frames' hooks run in the tests above on every torch
+def test_a_rank_whose_share_goes_slowly_has_its_unstarted_work_taken(job, tmp_path):
+    # Rank 1's compiles each take 4 s longer (a pass that sleeps 4 s there, none on rank 0:
+    # the same pass on both, so the same keys): rank 0, done with its own groups, compiles
+    # rank 1's unstarted ones instead of waiting for them.
+    ours = job(2, {**OPTIONS, "model": "fused_qkv", "shapes": [8], "store": f"file://{tmp_path / 'store'}"},
+               rank_options={0: {"slow_compiles": 0.0}, 1: {"slow_compiles": 4.0}})
+    require_success(ours)
+    graphs = split_graphs(ours[0])
+    assert graphs >= 4
+    fast, slow = (shares(r)["frames"][0] for r in ours)
+    assert fast["taken"] >= 1 and slow["taken"] == 0, (fast, slow)
+    assert fast["compiled"] > fast["dealt"] and slow["compiled"] < slow["dealt"], (fast, slow)
+    # Still once per job: every split graph compiled by one rank and served to both chains.
+    assert fast["compiled"] + slow["compiled"] == graphs, (fast, slow)
+    assert all(split(r)["served"] == graphs and shares(r)["missed"] == 0 for r in ours), [split(r) for r in ours]
 
 
 @pytest.mark.one_torch  # the deal's peers; the split frames' hooks run in the tests above on every torch

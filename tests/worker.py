@@ -442,7 +442,7 @@ def main() -> None:
     passes = []
     if options.get("first_compiler"):
         passes.append(FirstCompilerPass(options["first_compiler"], options["marker"]))
-    if options.get("slow_compiles"):
+    if options.get("slow_compiles") is not None:
         passes.append(SlowCompilesPass(float(options["slow_compiles"])))
     if options.get("rank_baking_pass"):
         passes.append(RankBakingPass())

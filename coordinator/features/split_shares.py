@@ -19,10 +19,15 @@ So when a frame is split, before its chain, each rank compiles a share of its su
   the same deal from the same frame.
 * **Slots.** Each submodule has a slot in the store, keyed by the job, a digest of the
   split frame that every rank computes alike, the compile settings, and its index. A rank
-  claims the slots of its share as soon as the frame is split, compiles each submodule from
-  its propagated inputs (forward, first call, backward, AOTAutograd entry: what the chain
-  would do), publishes the entries through the store as any compile does, then publishes
-  the slot. A global "done" mark lets a later job skip the submodules already in the store.
+  claims the slots of a group just before it compiles it, compiles each submodule from its
+  propagated inputs (forward, first call, backward, AOTAutograd entry: what the chain would
+  do), publishes the entries through the store as any compile does, then publishes the
+  slot. A global "done" mark lets a later job skip the submodules already in the store.
+* **Taking unstarted work.** Operator counts only estimate what a compile costs (a rank's
+  first compile also pays its one-time set-up): a rank done with its own groups goes on
+  with the groups of other ranks that nobody has claimed yet, those their owners would
+  reach last first (:func:`work_order`). The claim decides; a group already claimed is
+  passed over. So every slot is claimed before any rank that tried it starts its chain.
 * **The chain.** Then every rank walks the chain as DDPOptimizer does. Where a submodule's
   AOTAutograd entry is not in the store, the rank follows its slot: it waits while the
   slot's owner holds it, then reads the entry again. A slot that nobody claims within a
@@ -31,7 +36,8 @@ So when a frame is split, before its chain, each rank compiles a share of its su
   chain, which compiles it as before: AOTAutograd here, Inductor once per job through the
   FX graphs' own claims. So AOTAutograd runs once per split graph and job.
 
-Why no wait cycle forms: slots are claimed only in a share, before the chain. A share
+Why no wait cycle forms: slots are claimed only in a share, before the chain (taking
+another rank's group is a claim like any other, made under the same rule). A share
 waits on nothing: its lookups return at once (``Singleflight.no_waits``), an FX graph that
 another rank is compiling stops that submodule's compile (``SkipCompile``; its slot is
 abandoned), and it runs no collective; so every slot it claims is published or abandoned
@@ -75,16 +81,19 @@ log = logging.getLogger(__name__)
 CLAIM_GRACE_S = 5.0
 
 
-class FrameCounts(Counts, graphs=0, compiled=0, served=0, missed=0, compile_id="", share_s=0.0, chain_s=0.0):
+class FrameCounts(Counts, graphs=0, dealt=0, compiled=0, taken=0, served=0, missed=0, compile_id="", share_s=0.0,
+                  chain_s=0.0, waited_s=0.0):
     """One split frame, as this rank saw it (frames numbered in the order this process
     split them, the same on every rank that runs the same steps): its submodules (split
-    ``graphs``); those this rank ``compiled`` for the job; those whose AOTAutograd entry
+    ``graphs``); those the deal gave this rank (``dealt``); those this rank ``compiled`` for
+    the job, ``taken`` of them from another rank's deal once its own were done; those whose AOTAutograd entry
     this rank's chain found (``served``: in its own cache, or in the store, at once or after
     waiting); those this rank's chain compiled itself (``missed``); Dynamo's id of the
     frame's compile (``compile_id``, ``"0/1"``), as tlparse names it; the seconds this rank
     spent on its share of the frame (``share_s``: its inputs, claims, compiles) and those of
     the frame's chain on this rank (``chain_s``: looking up, waiting for, loading or compiling
-    each submodule), not counting the backward graphs it compiled lazily."""
+    each submodule), not counting the backward graphs it compiled lazily, ``waited_s`` of
+    them waiting on other ranks' shares."""
 
 
 class SplitShareCounts(Counts, compiled=0, skipped=0, failed=0, seconds=0.0, waited=0, missed=0, frames=list):
@@ -102,8 +111,9 @@ class SplitShareCounts(Counts, compiled=0, skipped=0, failed=0, seconds=0.0, wai
     def summary(self) -> str:
         if not (self.compiled or self.skipped or self.failed or self.waited or self.missed):
             return ""
-        frames = ", ".join(f"#{n} {f.graphs} graphs: {f.compiled} compiled here ({f.share_s:.1f}s), {f.served} served, "
-                           f"{f.missed} missed ({f.chain_s:.1f}s)" for n, f in enumerate(self.frames))
+        frames = ", ".join(f"#{n} {f.graphs} graphs: {f.compiled} compiled here ({f.share_s:.1f}s; dealt {f.dealt}, "
+                           f"taken {f.taken}), {f.served} served, {f.missed} missed ({f.chain_s:.1f}s, "
+                           f"{f.waited_s:.1f}s waiting)" for n, f in enumerate(self.frames))
         return (f"split graphs compiled for the job: {self.compiled} ({self.seconds:.1f}s), {self.skipped} skipped, "
                 f"{self.failed} failed; waited for {self.waited}, {self.missed} compiled in the chain"
                 + (f"; per frame in the chain: {frames}" if frames else ""))
@@ -139,6 +149,25 @@ def deal(costs: list[int], world: int, kinds: list[str] | None = None) -> list[i
             owners[index] = rank
         heapq.heappush(loads, (load + cost(members), rank))
     return owners
+
+
+def work_order(owners: list[int], rank: int, kinds: list[str] | None = None) -> list[list[int]]:
+    """The groups of submodules ``rank`` tries to compile, in order: its own (the deal's
+    ``owners``; submodules of one kind together), by first index; then, once those are done,
+    the other ranks' groups that their owners reach last, first (the last group of each
+    owner, then the one before it, ...; ties: lower owner). A group another rank claimed
+    first is passed over, so a rank whose share went quickly takes unstarted work from a
+    rank whose share goes slowly, and none sits waiting while work is left unstarted."""
+    kinds = kinds if kinds is not None else [str(index) for index in range(len(owners))]
+    groups: dict[tuple[int, str], list[int]] = {}
+    for index, (owner, kind) in enumerate(zip(owners, kinds, strict=True)):
+        groups.setdefault((owner, kind), []).append(index)
+    per_owner: dict[int, list[list[int]]] = {}
+    for (owner, _), members in groups.items():
+        per_owner.setdefault(owner, []).append(members)
+    theirs = sorted(((len(owned) - position, owner, members) for owner, owned in per_owner.items() if owner != rank
+                     for position, members in enumerate(owned)), key=lambda item: (item[0], item[1]))
+    return per_owner.get(rank, []) + [members for _, _, members in theirs]
 
 
 def job_ranks() -> tuple[int, int]:
@@ -241,7 +270,8 @@ class SplitShares(Feature, counts=SplitShareCounts):
         counts = self.counts.frames[number]
         counts.chain_s = max(time.time() - began - counts.share_s, 0.0)
         self._events.span("split frame", began, frame=number, graphs=counts.graphs, share_s=round(counts.share_s, 3),
-                          chain_s=round(counts.chain_s, 3))
+                          chain_s=round(counts.chain_s, 3), waited_s=round(counts.waited_s, 3), dealt=counts.dealt,
+                          compiled=counts.compiled, taken=counts.taken)
 
     def backward_deferred(self, backward: Any) -> bool:
         """A share's own backward is compiled with it."""
@@ -272,11 +302,15 @@ class SplitShares(Feature, counts=SplitShareCounts):
             slots = self._slot_keys(frame)
             costs, kinds = frame.costs(), frame.kinds()
             owners = [peers[owner] for owner in deal(costs, len(peers), kinds)]
-            mine = [index for index, owner in enumerate(owners) if owner == rank]
+            counts.dealt = owners.count(rank)
             log.debug("compile_once: split frame #%d (%s): costs %s, kinds %s, owners %s",
                       len(self.counts.frames) - 1, counts.compile_id, costs, [k[:6] for k in kinds], owners)
-            for index in self._claim(flight, [slots[i][0] for i in mine], mine, len(frame)):
-                self._compile(flight, frame, index, *slots[index])
+            # Each group is claimed just before it is compiled: a rank done with its own
+            # takes the groups nobody has started.
+            for group in work_order(owners, rank, kinds):
+                mine = owners[group[0]] == rank
+                for index in self._claim(flight, [slots[i][0] for i in group], group, len(frame), mine):
+                    self._compile(flight, frame, index, *slots[index], taken=not mine)
         except Exception as exc:  # never fail the frame over a share: the chain compiles it all
             if _compat.is_restart(exc):
                 flight.abandon_all()
@@ -299,21 +333,23 @@ class SplitShares(Feature, counts=SplitShareCounts):
             self._slots[(id(frame), index)] = pair
         return keys
 
-    def _claim(self, flight: Singleflight, slots: list[str], indices: list[int], parts: int) -> list[int]:
-        """Claim ``slots`` (those of ``indices``, of a frame of ``parts`` submodules); returns
-        the indices claimed. Each claim says which part it compiles, for the chains that wait on it."""
+    def _claim(self, flight: Singleflight, slots: list[str], indices: list[int], parts: int, mine: bool) -> list[int]:
+        """Claim ``slots`` (those of ``indices``, of a frame of ``parts`` submodules; ``mine``:
+        dealt to this rank); returns the indices claimed. Each claim says which part it
+        compiles, for the chains that wait on it."""
         claimed = []
         with flight.no_waits():
             for slot, index in zip(slots, indices, strict=True):
                 what = _compat.compiling_now(part=(index, parts))
                 if flight.lookup(slot, blocking=True, what=what).outcome == Outcome.CLAIMED:
                     claimed.append(index)
-                else:
-                    self.counts.skipped += 1
+                elif mine:
+                    self.counts.skipped += 1  # another rank took it, or a job before this one compiled it
         return claimed
 
-    def _compile(self, flight: Singleflight, frame: Any, index: int, slot: str, done: str) -> None:
-        """Compile submodule ``index`` of ``frame`` for the job, then end its slot."""
+    def _compile(self, flight: Singleflight, frame: Any, index: int, slot: str, done: str, *, taken: bool) -> None:
+        """Compile submodule ``index`` of ``frame`` for the job (``taken``: from another
+        rank's deal), then end its slot."""
         if flight.lookup(done, blocking=False).value is not None:
             self.counts.skipped += 1  # a job before this one compiled it: in the store
             self._mark(flight, slot)
@@ -342,7 +378,9 @@ class SplitShares(Feature, counts=SplitShareCounts):
         number = self._numbers[frame]
         if outcome == "compiled":
             self.counts.frames[number].compiled += 1
-        self._events.span("share", began, key=short_key(slot), frame=number, index=index, outcome=outcome)
+            self.counts.frames[number].taken += taken
+        self._events.span("share", began, key=short_key(slot), frame=number, index=index, outcome=outcome,
+                          taken=taken)
         if outcome == "compiled":
             # Behind its entries, which the writer publishes first: a follower woken by
             # the slot finds them.
@@ -365,7 +403,11 @@ class SplitShares(Feature, counts=SplitShareCounts):
         keys = self._slots.get((id(position[0]), position[1]))
         if keys is None:
             return None
+        began = time.monotonic()
         result = flight.follow(keys[0], grace_s=CLAIM_GRACE_S)
+        number = self._numbers.get(position[0])
+        if number is not None:
+            self.counts.frames[number].waited_s += time.monotonic() - began
         if result.outcome in ("hit", "waited"):
             if result.outcome == "waited":
                 self.counts.waited += 1
