@@ -79,7 +79,7 @@ DEFAULTS = {"models": (list(MODELS), ["llama", "phi3"]), "ranks": ([1, 2, 3], [1
             "repeat": (3, 1), "order": (None, "stock-first")}
 #: The options of one mode: their value when not given.
 SUITE_ONLY = {"node_cache": False, "plain_ranks": None, "traced": [], "from_json": None}
-SPLIT_ONLY = {"order": None, "trace": False}
+SPLIT_ONLY = {"order": None, "trace": False, "profile_ranks": None}
 #: ``--split``: the first pair's order.
 ORDERS = {"stock-first": ("stock cold", "ours cold"), "ours-first": ("ours cold", "stock cold")}
 
@@ -255,6 +255,16 @@ def frame_seconds(rank: dict, compile_id: str) -> float:
     return total
 
 
+def rank_parts(job: dict) -> list[list[dict]]:
+    """Per split frame, each rank's part: the submodules dealt to it, those it compiled (taken
+    from other ranks' deals among them), its share's seconds and its chain's waits on others."""
+    per_rank = [(r["rank"], common.split_shares(r).get("frames") or []) for r in job["ranks"]]
+    return [[{"rank": rank, "dealt": f[n].get("dealt", 0), "compiled": f[n].get("compiled", 0),
+              "taken": f[n].get("taken", 0), "share_s": f[n].get("share_s", 0.0), "waited_s": f[n].get("waited_s", 0.0)}
+             for rank, f in sorted(per_rank) if len(f) > n]
+            for n in range(max((len(f) for _, f in per_rank), default=0))]
+
+
 def prices(job: dict, stock: dict) -> list[dict]:
     """Per split frame of ours' job: the seconds all its ranks spent on the frame, the
     seconds one stock rank spent on it (the mean over stock's ranks), and ours' shares and
@@ -283,6 +293,7 @@ def split_row(job: dict, stock: dict, pair: int) -> dict:
         "compile_s": common.compile_seconds(ranks), "aot": common.aot_counts(ranks),
         "fx_compiled": sum(r["fx_misses"] for r in ranks), "frames": frames(job),
         "prices": prices(job, stock) if job["job"] != "stock cold" else [],
+        "parts": rank_parts(job) if job["job"] != "stock cold" else [],
         "losses_apart": max(common.losses_apart(r["losses"], stock["ranks"][0]["losses"]) for r in ranks),
     }
 
@@ -320,18 +331,21 @@ def split_markdown(args: argparse.Namespace, raw: dict, table: list[dict]) -> st
                            "recompile step (s)", "÷ stock", "compile inside, per rank (s)", "AOT miss / hit (bypass)",
                            "FX compiled", "per frame: graphs, shares compiled, served / missed in the chains",
                            "per frame: price, all ranks ÷ one stock rank (s; ours' shares + chains)",
-                           "losses vs stock"),
+                           "per frame, per rank: compiled (dealt + taken) share s / waited s", "losses vs stock"),
     ]
     for r in table:
         compile_s = ", ".join(f"{c:.1f}" for c in r["compile_s"])
         per_frame = "; ".join(f"{g}: {c}, {s} / {m}" for g, c, s, m in r["frames"]) or "-"
         price = "; ".join(f"{p['compile_id']}: {p['ratio']:.2f}× ({p['ours_s']:.1f} ÷ {p['stock_s']:.1f}; "
                           f"{p['shares_s']:.1f} + {p['chains_s']:.1f})" for p in r["prices"]) or "-"
+        parts = "; ".join(f"#{n}: " + ", ".join(f"r{p['rank']} {p['compiled']} ({p['dealt']}+{p['taken']}) "
+                                                f"{p['share_s']:.1f}/{p['waited_s']:.1f}" for p in frame)
+                          for n, frame in enumerate(r.get("parts", []))) or "-"
         lines.append(
             f"| {r['model']} | {r['n']} | {r['pair'] + 1} | {r['job']} | {r['wall_s']:.1f} | {r['ratio']:.2f}× | "
             f"{r['steps_s'][0]:.1f} | {r['step_ratios'][0]:.2f}× | {r['steps_s'][-1]:.1f} | "
             f"{r['step_ratios'][-1]:.2f}× | {compile_s} | {r['aot']['miss']} / {r['aot']['hit']} "
-            f"({r['aot']['bypass']}) | {r['fx_compiled']} | {per_frame} | {price} | "
+            f"({r['aot']['bypass']}) | {r['fx_compiled']} | {per_frame} | {price} | {parts} | "
             f"{common.apart(r['losses_apart'])} |")
     averaged = means(table)
     if averaged:
@@ -354,6 +368,10 @@ def run_split(args: argparse.Namespace) -> None:
                     jobs = {}
                     for name in order:
                         env = {}
+                        if args.profile_ranks:
+                            Path(args.profile_ranks).mkdir(parents=True, exist_ok=True)
+                            env["SUITE_PROFILE_SELF"] = str(Path(args.profile_ranks).resolve() / (
+                                f"{args.label}-{model}-n{n}-pair{pair + 1}-{name.replace(' ', '-')}"))
                         if args.trace and name.startswith("ours"):
                             trace = Path(args.job_logs) / f"{args.label}-{model}-n{n}-pair{pair + 1}-trace"
                             env["COORDINATOR_TRACE"] = str(trace)
@@ -366,7 +384,7 @@ def run_split(args: argparse.Namespace) -> None:
                         save_run(args, raw, table)
                         print(f"{model} N={n} pair {pair + 1} {name:<10}: wall {jobs[name]['wall_s']:6.1f}s, steps "
                               f"{[round(s, 1) for s in step_times(jobs[name])]}", flush=True)
-                        if env:
+                        if "COORDINATOR_TRACE" in env:
                             report(Path(env["COORDINATOR_TRACE"]))
                     table += [split_row(jobs[name], jobs["stock cold"], pair) for name in order]
                 save_run(args, raw, table)
@@ -410,6 +428,9 @@ def main() -> None:
                    help="--split: the first pair's order (default stock-first)")
     p.add_argument("--trace", action="store_true",
                    help="--split: ours' jobs traced (COORDINATOR_TRACE); their reports kept in --job-logs")
+    p.add_argument("--profile-ranks", default=None, metavar="DIR",
+                   help="--split: each rank samples its own process with py-spy until its steps end, into "
+                        "DIR/<label>-<model>-n<N>-pair<P>-<job>-rank<R>.txt (py-spy's raw format)")
     args = p.parse_args()
     foreign = SUITE_ONLY if args.split else SPLIT_ONLY
     given = ["--" + dest.replace("_", "-") for dest, unset in foreign.items() if getattr(args, dest) != unset]

@@ -70,6 +70,17 @@ class FrameRow(Counts, graphs=0, compiled=0, served=0, missed=0, shares_s=0.0, c
     frame: int
 
 
+class ShareRow(Counts, dealt=0, compiled=0, taken=0, share_s=0.0, chain_s=0.0, waited_s=0.0):
+    """One rank's part of one split frame: the submodules the deal gave it (``dealt``), those
+    it ``compiled`` for the job (``taken`` of them from other ranks' deals once its own were
+    done), the seconds of its share (``share_s``) and of its chain (``chain_s``), ``waited_s``
+    of those waiting on other ranks' shares. An imbalance shows as one rank's ``share_s``
+    against the others' ``waited_s``."""
+
+    frame: int
+    rank: int
+
+
 @dataclasses.dataclass
 class Report:
     rows: list[RankRow]
@@ -77,15 +88,21 @@ class Report:
     written: list[Path]
     notes: list[str] = dataclasses.field(default_factory=list)
     frames: list[FrameRow] = dataclasses.field(default_factory=list)
+    shares: list[ShareRow] = dataclasses.field(default_factory=list)
 
     def frame_table(self) -> str:
         """Per split frame: its graphs, the shares compiled for the job, and the chains'
-        lookups served and missed, over all ranks (empty: no frame was split)."""
+        lookups served and missed, over all ranks; then each rank's part of each frame
+        (empty: no frame was split)."""
         if not self.frames:
             return ""
         lines = ["split frames (all ranks):  frame  graphs  compiled  served  missed  shares_s  chains_s"]
         lines += [f"{'':26}{f.frame:>5}  {f.graphs:>6}  {f.compiled:>8}  {f.served:>6}  {f.missed:>6}  "
                   f"{f.shares_s:>8.1f}  {f.chains_s:>8.1f}" for f in self.frames]
+        if self.shares:
+            lines.append("split frames per rank:     frame  rank  dealt  compiled  taken  share_s  chain_s  waited_s")
+            lines += [f"{'':26}{r.frame:>5}  {r.rank:>4}  {r.dealt:>5}  {r.compiled:>8}  {r.taken:>5}  "
+                      f"{r.share_s:>7.1f}  {r.chain_s:>7.1f}  {r.waited_s:>8.1f}" for r in self.shares]
         return "\n".join(lines)
 
     def table(self) -> str:
@@ -213,6 +230,20 @@ def split_frames(traces: dict[int, list[dict]]) -> list[FrameRow]:
     return [frames[n] for n in sorted(frames)]
 
 
+def split_frame_shares(traces: dict[int, list[dict]]) -> list[ShareRow]:
+    """Each rank's part of each split frame, from its "split frame" events, by frame then rank."""
+    found = []
+    for rank, events in traces.items():
+        for event in events:
+            args = event.get("args", {})
+            if event.get("name") == "split frame" and "frame" in args:
+                found.append(ShareRow(frame=args["frame"], rank=rank, dealt=args.get("dealt", 0),
+                                      compiled=args.get("compiled", 0), taken=args.get("taken", 0),
+                                      share_s=args.get("share_s", 0.0), chain_s=args.get("chain_s", 0.0),
+                                      waited_s=args.get("waited_s", 0.0)))
+    return sorted(found, key=lambda row: (row.frame, row.rank))
+
+
 def _ranks(ranks) -> str:
     ranks = sorted(ranks)
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
@@ -317,7 +348,7 @@ def write_report(trace_dir: Path, *, picture: bool = True) -> Report:
     merged.write_text(json.dumps(merged_trace(traces)))
     written = [merged]
     report = Report(rows(traces), divergence(traces) + unmatched_waits(traces), written,
-                    frames=split_frames(traces))
+                    frames=split_frames(traces), shares=split_frame_shares(traces))
     if picture:
         pictures = [trace_dir / "job.png", trace_dir / "job.svg"]
         if draw(traces, pictures):
