@@ -255,6 +255,7 @@ def test_a_rank_whose_share_goes_slowly_has_its_unstarted_work_taken(job, tmp_pa
     fast, slow = (shares(r)["frames"][0] for r in ours)
     assert fast["taken"] >= 1 and slow["taken"] == 0, (fast, slow)
     assert fast["compiled"] > fast["dealt"] and slow["compiled"] < slow["dealt"], (fast, slow)
+    assert shares(ours[1])["lost"] == fast["taken"] and shares(ours[0])["lost"] == 0, [shares(r) for r in ours]
     # Still once per job: every split graph compiled by one rank and served to both chains.
     assert fast["compiled"] + slow["compiled"] == graphs, (fast, slow)
     assert all(split(r)["served"] == graphs and shares(r)["missed"] == 0 for r in ours), [split(r) for r in ours]

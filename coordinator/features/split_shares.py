@@ -96,10 +96,12 @@ class FrameCounts(Counts, graphs=0, dealt=0, compiled=0, taken=0, served=0, miss
     them waiting on other ranks' shares."""
 
 
-class SplitShareCounts(Counts, compiled=0, skipped=0, failed=0, seconds=0.0, waited=0, missed=0, frames=list):
+class SplitShareCounts(Counts, compiled=0, skipped=0, lost=0, failed=0, seconds=0.0, waited=0, missed=0,
+                       frames=list):
     """What one rank's shares of split frames did: submodules this rank ``compiled`` for the
     job (their entries saved and published); submodules of its share it ``skipped`` (already
-    in the store, or one of their graphs was being compiled by another rank); share compiles
+    in the store, or one of their graphs was being compiled by another rank); submodules of
+    its deal another rank claimed first (``lost``: taken, or claimed in an earlier try); share compiles
     that ``failed`` (raised: the chain compiles them); ``seconds`` in shares (propagating
     inputs and compiling); submodules of other ranks' shares the chain ``waited`` for and then
     loaded; submodules of split frames the chain compiled itself (``missed``: an entry not
@@ -109,13 +111,14 @@ class SplitShareCounts(Counts, compiled=0, skipped=0, failed=0, seconds=0.0, wai
     order this process split them."""
 
     def summary(self) -> str:
-        if not (self.compiled or self.skipped or self.failed or self.waited or self.missed):
+        if not (self.compiled or self.skipped or self.lost or self.failed or self.waited or self.missed):
             return ""
         frames = ", ".join(f"#{n} {f.graphs} graphs: {f.compiled} compiled here ({f.share_s:.1f}s; dealt {f.dealt}, "
                            f"taken {f.taken}), {f.served} served, {f.missed} missed ({f.chain_s:.1f}s, "
                            f"{f.waited_s:.1f}s waiting)" for n, f in enumerate(self.frames))
         return (f"split graphs compiled for the job: {self.compiled} ({self.seconds:.1f}s), {self.skipped} skipped, "
-                f"{self.failed} failed; waited for {self.waited}, {self.missed} compiled in the chain"
+                f"{self.lost} taken by other ranks, {self.failed} failed; waited for {self.waited}, {self.missed} "
+                f"compiled in the chain"
                 + (f"; per frame in the chain: {frames}" if frames else ""))
 
 
@@ -344,7 +347,7 @@ class SplitShares(Feature, counts=SplitShareCounts):
                 if flight.lookup(slot, blocking=True, what=what).outcome == Outcome.CLAIMED:
                     claimed.append(index)
                 elif mine:
-                    self.counts.skipped += 1  # another rank took it, or a job before this one compiled it
+                    self.counts.lost += 1  # another rank claimed it first (or published it)
         return claimed
 
     def _compile(self, flight: Singleflight, frame: Any, index: int, slot: str, done: str, *, taken: bool) -> None:
