@@ -127,6 +127,14 @@ class SplitShareCounts(Counts, compiled=0, skipped=0, lost=0, failed=0, seconds=
 REPEAT_COST = 0.3
 
 
+def kind_groups(count: int, kinds: list[str] | None) -> list[list[int]]:
+    """The indices of ``count`` submodules grouped by kind (none given: each its own), by first index."""
+    groups: dict[str, list[int]] = {}
+    for index, kind in enumerate(kinds if kinds is not None else map(str, range(count))):
+        groups.setdefault(kind, []).append(index)
+    return list(groups.values())
+
+
 def deal(costs: list[int], world: int, kinds: list[str] | None = None) -> list[int]:
     """The rank that compiles each submodule. Submodules of one kind (``kinds``: the same
     graphs, which Inductor compiles once and then finds in its cache) go to one rank
@@ -135,18 +143,13 @@ def deal(costs: list[int], world: int, kinds: list[str] | None = None) -> list[i
     lower first index, lower rank). Spread over ranks, a second member would meet its
     graphs being compiled by another rank (a share waits on nothing: the chain would
     compile it)."""
-    kinds = kinds if kinds is not None else [str(index) for index in range(len(costs))]
-    groups: dict[str, list[int]] = {}
-    for index, kind in enumerate(kinds):
-        groups.setdefault(kind, []).append(index)
-
     def cost(members: list[int]) -> float:
         return costs[members[0]] + REPEAT_COST * sum(costs[index] for index in members[1:])
 
     owners = [0] * len(costs)
     loads = [(0.0, rank) for rank in range(world)]
     heapq.heapify(loads)
-    for members in sorted(groups.values(), key=lambda members: (-cost(members), members[0])):
+    for members in sorted(kind_groups(len(costs), kinds), key=lambda members: (-cost(members), members[0])):
         load, rank = heapq.heappop(loads)
         for index in members:
             owners[index] = rank
@@ -161,13 +164,9 @@ def work_order(owners: list[int], rank: int, kinds: list[str] | None = None) -> 
     owner, then the one before it, ...; ties: lower owner). A group another rank claimed
     first is passed over, so a rank whose share went quickly takes unstarted work from a
     rank whose share goes slowly, and none sits waiting while work is left unstarted."""
-    kinds = kinds if kinds is not None else [str(index) for index in range(len(owners))]
-    groups: dict[tuple[int, str], list[int]] = {}
-    for index, (owner, kind) in enumerate(zip(owners, kinds, strict=True)):
-        groups.setdefault((owner, kind), []).append(index)
     per_owner: dict[int, list[list[int]]] = {}
-    for (owner, _), members in groups.items():
-        per_owner.setdefault(owner, []).append(members)
+    for members in kind_groups(len(owners), kinds):  # the deal gives a kind's group one owner
+        per_owner.setdefault(owners[members[0]], []).append(members)
     theirs = sorted(((len(owned) - position, owner, members) for owner, owned in per_owner.items() if owner != rank
                      for position, members in enumerate(owned)), key=lambda item: (item[0], item[1]))
     return per_owner.get(rank, []) + [members for _, _, members in theirs]
