@@ -18,18 +18,17 @@ graph is received once; an FX entry bundles only the Triton kernels its code lau
 AOTAutograd defers are reported to the session. Then the hooks of each compile feature
 on in the session (``coordinator.features``). On a GPU, Triton's driver utilities are
 built in the background as the session starts (``_compat.warm_driver_utilities``), not at
-the first kernel load; once the hooks are in, this rank's compile workers get its part of
-the host's cores (``_compat.size_compile_pool``) and, with ``warm_compile_pool`` on, start
-then (``_compat.warm_compile_pool``), not at the first compile. Every Triton compile job
-they run while autotune caches are routed is kept off Inductor's Redis, whenever the pool
-started (``_compat.compile_jobs_without_redis``).
+the first kernel load; once the hooks are in, each feature is told
+(``Feature.caches_routed``): this rank's compile workers are sized and started then, or
+held back in a restart (``coordinator.features.compile_workers``). Every Triton compile
+job they run while autotune caches are routed is kept off Inductor's Redis, whenever the
+pool started (``_compat.compile_jobs_without_redis``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator
 
 from coordinator import _compat
@@ -109,21 +108,6 @@ def route_caches(session: Session) -> Iterator[None]:
                 stack.enter_context(hook)
         for hook in _core_hooks(session, backends):
             stack.enter_context(hook)
-        _start_compile_workers(session)
+        for feature in session.features:
+            feature.caches_routed()  # compile workers start once the hooks keep their jobs off Redis
         yield
-
-
-def _start_compile_workers(session: Session) -> None:
-    """Inductor's compile workers, once the hooks (which keep their jobs off Redis) are in:
-    this rank's part of the host's cores, started now where the session says so."""
-    _compat.size_compile_pool(_local_ranks())
-    if session.config.warm_compile_pool:
-        _compat.warm_compile_pool()  # the first share's kernels compile in the workers, not one by one
-
-
-def _local_ranks() -> int:
-    """The ranks on this host, as torchrun tells its workers (1 where it does not)."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1

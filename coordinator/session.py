@@ -240,9 +240,11 @@ class Session:
         """Return the payload for ``inductor_key`` or ``None`` (Inductor then compiles)."""
         flight = self.flight()
         key = self.store_key(kind, inductor_key)
-        if flight is None:  # no store: Inductor compiles, and this rank's counts say so
+        if flight is None:  # no store: Inductor compiles, and this rank's counts and features say so
             self.stats.record_miss(kind)
             if not (_compat.CACHE_KINDS[kind].inside_aot_entries and _compat.in_aot_entry_load()):
+                for feature in self.features:
+                    feature.missed(kind, key, inductor_key)
                 self.events.compile_began(key)
             return None
         began = time.time()

@@ -206,6 +206,41 @@ def test_a_sessions_compile_workers_get_its_part_of_the_hosts_cores(tmp_path):
         assert running["threads"] == {"torch": cores, "session": cores}, running
 
 
+def test_a_restart_whose_entries_hit_starts_no_compile_workers_until_it_compiles(tmp_path):
+    """A restart whose entries all hit loads their kernels in the rank: its compile workers
+    are held back (``compile_threads`` at 1, no pool) until the first graph it compiles
+    itself, which starts them; a cold job starts them with the session
+    (``tests/restart_pool_probe.py``, posing as a GPU host: two real runs on one store)."""
+    from coordinator import _compat
+
+    unset = ("TORCHINDUCTOR_COMPILE_THREADS", "LOCAL_WORLD_SIZE", "COORDINATOR_STORE")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_REDIS") and k not in unset}
+    probe = Path(__file__).with_name("restart_pool_probe.py")
+
+    def run(n: int, *mode: str) -> dict:
+        env = {**base, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor{n}")}  # each run an empty dir
+        out = subprocess.run([sys.executable, str(probe), str(tmp_path / "store"), str(n), *mode], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    cores = _compat.compile_pool_size(len(os.sched_getaffinity(0)), 1)
+    triton = importlib.util.find_spec("triton") is not None
+    cold = run(1)
+    assert cold["counts"] == {"held": False, "hits_held": 0, "started_at_miss": False}, cold
+    assert cold["start"] == {"threads": cores, "pool": triton}, cold
+    restart = run(2)
+    if cores > 1:
+        assert restart["counts"] == {"held": True, "hits_held": 2, "started_at_miss": True}, restart
+        assert restart["start"] == {"threads": 1, "pool": False}, restart
+        assert restart["model"] == {"threads": 1, "pool": False}, restart  # every graph hit: no worker
+        assert restart["miss"] == {"threads": cores, "pool": triton}, restart  # its own compile started them
+    assert restart["after"]["threads"] == cores, restart
+    quiet = run(3, "hits-only")  # never compiles: gives its number back at exit, and no worker ever started
+    assert quiet["counts"] == {"held": cores > 1, "hits_held": 2 if cores > 1 else 0, "started_at_miss": False}, quiet
+    assert quiet["after"] == {"threads": cores, "pool": False}, quiet
+
+
 def test_reads_of_the_rank_are_reported_except_for_logging(tmp_path):
     import logging
 

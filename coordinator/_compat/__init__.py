@@ -129,7 +129,9 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``_worker_compile_triton``'s ``extra_env``); a rank's part of the host's cores as its
   ``compile_threads`` (``size_compile_pool``: ``config.compile_threads``,
   ``AsyncCompile.process_pool``'s cache); the pool started when a session starts, on a GPU
-  (``warm_compile_pool``: ``async_compile.maybe_warm_pool``). Read from the sources of 2.11.0,
+  (``warm_compile_pool``: ``async_compile.maybe_warm_pool``); the pool held back, with
+  ``compile_threads`` at 1, until a restart's first miss (``hold_compile_pool``:
+  ``get_compile_threads``' readers). Read from the sources of 2.11.0,
   2.13.0 and 2.14.1; the jobs' environment ran on 2.13.0 and 2.14.1 (CPU tests, Inductor's
   own pool); all three on 2.11.0 (H200s).
 * ``compile_context``: what this thread compiles, in words (``compiling_now``: the graph,
@@ -161,6 +163,7 @@ from coordinator._compat.compile_workers import (
     NO_REDIS_URL,
     compile_jobs_without_redis,
     compile_pool_size,
+    hold_compile_pool,
     pool_started,
     size_compile_pool,
     warm_compile_pool,
@@ -234,6 +237,7 @@ __all__ = [
     "collective_switches_off",
     "complete_package",
     "compile_jobs_without_redis",
+    "hold_compile_pool",
     "compile_pool_size",
     "compiling_now",
     "count_triton_compiles",

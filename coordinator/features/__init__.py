@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from coordinator.features.base import Context, Feature
 from coordinator.features.compile_choices import CompileChoicesOnce
+from coordinator.features.compile_workers import CompileWorkers
 from coordinator.features.early_backward import EarlyBackwards
 from coordinator.features.local_hits import LocalHits
 from coordinator.features.persistent import PersistentLayer
@@ -33,6 +34,7 @@ FEATURES: list[type[Feature]] = [
     LocalHits,
     PrecompiledFunctions,
     CompileChoicesOnce,
+    CompileWorkers,
 ]
 
 __all__ = ["FEATURES", "Context", "Feature"]

@@ -110,6 +110,9 @@ class Feature:
         """The patches it installs while the session's caches are routed."""
         return ()
 
+    def caches_routed(self) -> None:
+        """Every hook of the session is in: its caches are routed from now on."""
+
     # -- a lookup --------------------------------------------------------------------------
 
     def claims(self) -> list[str] | None:

@@ -129,6 +129,8 @@ class Prefetch(Feature, counts=PrefetchCounts):
         #: Keys of the last index not handed out yet: their values (``None``: still coming).
         self._pending: dict[str, bytes | None] = {}
         self._fetching = False
+        #: Set once the last index was read (or found missing, or the thread stopped).
+        self._index_read = threading.Event()
         #: Set when a lookup waited ``READY_WAIT`` in vain: no lookup waits again.
         self._waits_over = False
         self._closed = False
@@ -177,18 +179,22 @@ class Prefetch(Feature, counts=PrefetchCounts):
         try:
             stores = self._open()
             keys = self._index(stores)
-            if keys:
+            if not keys:
+                self._index_read.set()
+            else:
                 with self._lock:
                     # A key looked up before the index was read is not fetched: it was asked already.
                     self._pending = {key: None for key in keys if key not in self._asked}
                     self.counts.indexed = len(keys)
                     keys = list(self._pending)
+                self._index_read.set()
                 with ThreadPoolExecutor(FETCHES_AT_ONCE, thread_name_prefix="coordinator-prefetch") as pool:
                     for key in keys:
                         pool.submit(self._fetch, key)
         except Exception as exc:  # never fails the job: its lookups ask the store
             log.warning("compile_once: prefetch stopped: %s: %s", type(exc).__name__, exc)
         finally:
+            self._index_read.set()
             with self._lock:
                 self._fetching = False
                 self._pending = {key: value for key, value in self._pending.items() if value is not None}
@@ -255,6 +261,14 @@ class Prefetch(Feature, counts=PrefetchCounts):
     def _count(self, **added: int) -> None:
         with self._lock:
             self.counts.add(**added)
+
+    def expects_entries(self, timeout: float) -> bool:
+        """Whether the last index named entries: this job is a restart whose lookups it
+        answers. Waits for the index's read at most ``timeout`` seconds (``False`` after)."""
+        if not self._index_read.wait(timeout):
+            return False
+        with self._lock:
+            return self.counts.indexed > 0
 
     # -- lookups -----------------------------------------------------------------------------
 
