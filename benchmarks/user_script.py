@@ -25,6 +25,13 @@ installed in this Python (the wheel with its dependencies, as users install it; 
 was found goes into the raw results). Pairs alternate: the first runs the rows in the order
 given, the second in reverse (stock, ours, ours, stock), so that drift falls on both.
 
+With ``--restart``, each row first runs one cold job (pair 0, ``<row> cold``), then the pairs
+are restarts: a ``stock`` row restarts on the Inductor and Triton dirs its cold job left (its
+own dirs, as a user's rerun on one machine), an ``ours`` or ``cm`` row restarts from the
+``file://`` store its cold job filled (``COORDINATOR_STORE``, set for every job of the row),
+each time on new, EMPTY dirs (a fresh node). Ratios are then to stock's restarts; the
+summary adds each row's restarts against stock's cold job.
+
 Each job's wall runs from its launch to its exit, or, with ``--until-step K``, to the moment
 every rank has ended step K (the job is then stopped). Steps come from the script's own
 marks on its output (``--marks``: a regex with the groups ``what`` (``start``/``end``),
@@ -92,15 +99,16 @@ def installed_coordinator(cwd: str) -> str:
     return out.stdout.strip() or out.stderr.strip().splitlines()[-1]
 
 
-def clean_env(tmp: str, **extra: str) -> dict[str, str]:
+def clean_env(tmp: str, cache: str | None = None, **extra: str) -> dict[str, str]:
     """This process's environment less this checkout on ``PYTHONPATH``, with ``tmp`` for the
-    job's temporary files and caches, and ``extra``."""
+    job's temporary files and ``cache`` (default: in ``tmp``) for its caches, and ``extra``."""
     root = str(common.ROOT)
     path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != root]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if path:
         env["PYTHONPATH"] = os.pathsep.join(path)
-    env.update(TMPDIR=tmp, TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor", TRITON_CACHE_DIR=f"{tmp}/inductor/triton")
+    cache = cache or f"{tmp}/inductor"
+    env.update(TMPDIR=tmp, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=f"{cache}/triton")
     env.update(extra)
     return env
 
@@ -220,12 +228,19 @@ def compile_records(trace_dir: Path) -> dict[str, float]:
 
 
 def run_one(name: str, launcher: str, variables: dict[str, str], n: int, pair: int,
-            args: argparse.Namespace, marks: re.Pattern) -> dict:
+            args: argparse.Namespace, marks: re.Pattern, home: str | None = None) -> dict:
+    """One job. ``home``: the row's dir across a restart's jobs (``--restart``): stock's
+    caches, ours' ``file://`` store."""
     with tempfile.TemporaryDirectory(prefix="user-script-") as tmp:
         extra = dict(args.env, **variables)
         if args.compile_records:
             extra["TORCH_TRACE"] = f"{tmp}/trace"
-        env = clean_env(tmp, **extra)
+        cache = None
+        if home is not None and launcher == "stock":
+            cache = f"{home}/inductor"
+        elif home is not None:
+            extra.setdefault("COORDINATOR_STORE", f"file://{home}/store")
+        env = clean_env(tmp, cache, **extra)
         cmd = command(launcher, n, args.script, args.cm_wrapper)
         job = Job(cmd, env, tmp, marks, n, args.until_step)
         record = job.wait(args.timeout)
@@ -267,8 +282,11 @@ def markdown(raw: dict) -> str:
     jobs = raw["jobs"]
     lines = common.heading(raw["label"], f"Command: `{raw['command']}`")
     lines += [f"Machine: {raw['machine']}. Script: `{' '.join(raw['script'])}`; coordinator from "
-              f"`{raw['coordinator_at']}`. Every job cold (empty Inductor and Triton dirs, its own working dir); "
-              f"{raw['pairs']} alternating pair(s) per N"
+              f"`{raw['coordinator_at']}`. "
+              + ("Each row's cold job, then restarts: stock on the dirs its cold job left, ours from the "
+                 "`file://` store its cold job filled, on empty dirs; " if raw.get("restart") else
+                 "Every job cold (empty Inductor and Triton dirs, its own working dir); ")
+              + f"{raw['pairs']} alternating pair(s) per N"
               + (f"; each job stopped once every rank ended step {raw['until_step']}" if raw.get("until_step") else "")
               + ("; steps from Dynamo's compile records (first compiles, recompiles)"
                  if raw.get("compile_records") else "")
@@ -283,7 +301,7 @@ def markdown(raw: dict) -> str:
 
     for n in sorted({job["n"] for job in jobs}):
         of_n = [job for job in jobs if job["n"] == n]
-        stock = [job for job in of_n if job["launcher"] == "stock"]
+        stock = [job for job in of_n if job["launcher"] == "stock" and job["pair"]]
         ref = {"wall": mean([j["wall_s"] for j in stock]), "1": mean([step(j, "1") for j in stock]),
                "r": mean([step(j, recompile) for j in stock])}
         for job in of_n:
@@ -297,6 +315,12 @@ def markdown(raw: dict) -> str:
                          mean([step(j, recompile) for j in runs]))
             summary.append(f"| {n} | {name} | {len(runs)} | {fmt(w)} | {ratio(w, ref['wall'])} | {fmt(s1)} "
                            f"| {ratio(s1, ref['1'])} | {fmt(sr)} | {ratio(sr, ref['r'])} |")
+        stock_cold = mean([j["wall_s"] for j in of_n if j["launcher"] == "stock" and not j["pair"]])
+        if raw.get("restart") and stock_cold:
+            for name in dict.fromkeys(job["job"] for job in of_n if job["pair"]):
+                w = mean([j["wall_s"] for j in of_n if j["job"] == name and j["pair"]])
+                summary.append(f"| {n} | {name} restarts ÷ stock's cold job | | {fmt(w)} | {ratio(w, stock_cold)} "
+                               "| | | | |")
     lines += ["", "Means per N and row, ratios to stock's means:", ""]
     lines += common.table_head("N", "job", "runs", "wall (s)", "÷ stock", "step 1 (s)", "÷ stock",
                                "recompile step (s)", "÷ stock")
@@ -316,6 +340,8 @@ def main() -> None:
     p.add_argument("--recompile-step", default=None, help="the step reported as the recompile's (default: the last)")
     p.add_argument("--marks", default=DEFAULT_MARKS, help="regex of a step mark (groups what, rank, step, t)")
     p.add_argument("--compile-records", action="store_true", help="no marks: read Dynamo's compile records")
+    p.add_argument("--restart", action="store_true",
+                   help="each row's cold job, then restarts: stock on its own dirs, ours from its store on empty ones")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--from-json", type=Path, default=None, metavar="FILE",
                    help="no jobs: the table of FILE's runs (its steps read again from --job-logs where given)")
@@ -341,7 +367,7 @@ def main() -> None:
         args.cm_wrapper = args.cm_wrapper.resolve()
         args.env = dict(pair.split("=", 1) for pair in args.env)
         raw = run_all(args, marks)
-    for name in ("pairs", "until_step", "recompile_step", "compile_records"):
+    for name in ("pairs", "until_step", "recompile_step", "compile_records", "restart"):
         raw.setdefault(name, getattr(args, name))
     section = markdown(raw)
     print(section)
@@ -358,14 +384,22 @@ def run_all(args: argparse.Namespace, marks: re.Pattern) -> dict:
     raw = {"label": args.label, "command": common.command("user_script.py"),
            "machine": common.machine(common.gpu_count()), "coordinator_at": where, "script": args.script,
            "pairs": args.pairs, "until_step": args.until_step, "recompile_step": args.recompile_step,
-           "compile_records": args.compile_records, "jobs": []}
+           "compile_records": args.compile_records, "restart": args.restart, "jobs": []}
     for n in args.ranks:
+        homes = {name: tempfile.mkdtemp(prefix=f"user-script-{name}-") for name, _, _ in rows} if args.restart else {}
+        if args.restart:
+            for name, launcher, variables in rows:
+                record = run_one(f"{name} cold", launcher, variables, n, 0, args, marks, homes[name])
+                raw["jobs"].append(record)
+                print(f"N={n} {name} cold: wall {record['wall_s']:.1f} s, steps {record['steps']}", flush=True)
         for pair in range(1, args.pairs + 1):
             for name, launcher, variables in (rows if pair % 2 else rows[::-1]):
-                record = run_one(name, launcher, variables, n, pair, args, marks)
+                record = run_one(name, launcher, variables, n, pair, args, marks, homes.get(name))
                 raw["jobs"].append(record)
                 print(f"N={n} pair {pair} {name}: wall {record['wall_s']:.1f} s, steps {record['steps']}", flush=True)
                 common.save(args.label, raw, None, results_dir=args.results_dir)
+        for home in homes.values():
+            shutil.rmtree(home, ignore_errors=True)
     return raw
 
 

@@ -3,9 +3,13 @@
 the third at another sequence length (Dynamo recompiles). It never imports coordinator.
 
     torchrun --standalone --nproc-per-node 2 hf_ddp.py --model gpt2
+    torchrun --standalone --nproc-per-node 3 hf_ddp.py --cpu --no-ddp
 
 Models (142M-class, bf16, the sizes of ``model_suite_job.py``'s ``restart``): ``llama``, ``phi3``
 (fused q/k/v and gate/up projections), ``gpt2`` (a fused q/k/v ``Conv1D``, tied head).
+``--cpu``: on the CPU over gloo, fp32, the sizes of ``model_suite_job.py``'s ``split`` (hidden
+512, 4 layers, batch 4, sequences 32, 32, 48). ``--no-ddp``: the compiled model without DDP,
+each rank all-reducing its gradients itself after the backward (no frame is split).
 Step marks on stderr (``HFSTEP start|end rank=R step=S ... t=SECONDS``), one ``HFJOB {json}``
 line per rank on stdout (step times, losses, FX cache counters).
 """
@@ -25,6 +29,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 T_IMPORTED = time.time()
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, VOCAB, BATCH = 1024, 2816, 6, 16, 32000, 8
+SEQS = [512, 512, 384]
 
 
 def build(name):
@@ -46,31 +51,48 @@ def build(name):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="llama", choices=("llama", "phi3", "gpt2"))
+    parser.add_argument("--cpu", action="store_true", help="on the CPU over gloo, fp32, a small size")
+    parser.add_argument("--no-ddp", action="store_true", help="no DDP: each rank all-reduces its gradients")
     args = parser.parse_args()
+    global HIDDEN, INTERMEDIATE, LAYERS, HEADS, VOCAB, BATCH, SEQS
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    torch.set_float32_matmul_precision("high")
-    dist.init_process_group("nccl")
+    if args.cpu:
+        HIDDEN, INTERMEDIATE, LAYERS, HEADS, VOCAB, BATCH, SEQS = 512, 1024, 4, 8, 512, 4, [32, 32, 48]
+        dev, dtype = torch.device("cpu"), torch.float32
+        dist.init_process_group("gloo")
+    else:
+        torch.cuda.set_device(local)
+        dev, dtype = torch.device("cuda", local), torch.bfloat16
+        torch.set_float32_matmul_precision("high")
+        dist.init_process_group("nccl")
+    sync = (lambda: None) if args.cpu else torch.cuda.synchronize
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = build(args.model).to(device=dev, dtype=torch.bfloat16)
+    model = build(args.model).to(device=dev, dtype=dtype)
     model.train()
-    ddp = DDP(torch.compile(model), device_ids=[local])
+    if args.no_ddp:
+        ddp = torch.compile(model)
+    else:
+        ddp = DDP(torch.compile(model), device_ids=None if args.cpu else [local])
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
-    dist.barrier(device_ids=[local])
-    torch.cuda.synchronize()
+    dist.barrier(device_ids=None if args.cpu else [local])
+    sync()
     t0 = last = time.time()
     losses, step_s = [], []
-    for step, seq in enumerate([512, 512, 384]):
+    for step, seq in enumerate(SEQS):
         print(f"HFSTEP start rank={rank} step={step + 1} seq={seq} t={time.time():.3f}", file=sys.stderr, flush=True)
         ids = torch.randint(0, VOCAB, (BATCH, seq), generator=torch.Generator().manual_seed(1000 + step)).to(dev)
         loss = ddp(input_ids=ids, labels=ids).loss
         loss.backward()
+        if args.no_ddp:
+            for param in model.parameters():
+                if param.grad is not None:
+                    dist.all_reduce(param.grad)
+                    param.grad /= dist.get_world_size()
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-        torch.cuda.synchronize()
+        sync()
         now = time.time()
         step_s.append(round(now - last, 3))
         print(f"HFSTEP end rank={rank} step={step + 1} t={now:.3f}", file=sys.stderr, flush=True)
