@@ -88,7 +88,8 @@ class Session:
         self._prefix = ""
         self._node: NodeCache | None = None
         self._devices: DeviceIndices | None = None
-        self.kernels = ShippedKernels(_compat.inductor_cache_dir, _compat.triton_cache_dir, _cuda)
+        self.kernels = ShippedKernels(_compat.inductor_cache_dir, _compat.triton_cache_dir, _cuda,
+                                      _compat.isa_probe_libraries)
         #: The cache kinds this ``Session`` routes.
         self.routed = frozenset(_compat.routable_kinds(config.caches))
         context = Context(config=config, events=self.events, stats=self.stats, kernels=self.kernels,

@@ -11,8 +11,13 @@ fresh node still precompiles the C++ prefix header once, and with
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,6 +72,7 @@ def test_shared_store_and_second_job_compiles_nothing(job, backend, redis_server
     for r in second:
         assert r.fx_misses == 0 and r.fx_hits == UNIQUE_GRAPHS
         assert r.report["cpp_builds"]["kernel"] == 0
+        assert r.report["cpp_builds"]["isa_probe"] == 0  # the CPU's probe libraries came with the entries
         if backend == "file":
             assert r.report["cpp_builds"]["header"] == 0
         assert r.report["stats"]["waited_s"] < 1.0
@@ -232,3 +238,25 @@ def test_local_ranks_sharing_a_cache_dir_fetch_once_per_node(job, tmp_path):
     assert sum(r.report["stats"]["store_fetches"] for r in results) <= UNIQUE_GRAPHS
     for r in results:
         torch.testing.assert_close(r.report["losses"], r.report["ref_losses"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_graph_loaded_first_on_an_empty_dir_brings_the_cpus_probe_libraries(tmp_path):
+    """Inductor probes the CPU's vector instructions (a g++ build each) at the first C++ kernel
+    of a process; the probe libraries travel with every CPU FX entry, so a later job that
+    loads, on an empty cache dir, a graph the first job compiled after its probes builds none
+    (``tests/isa_probe_job.py``: real processes, a ``file://`` store)."""
+    job = Path(__file__).with_name("isa_probe_job.py")
+
+    def run(name: str, mode: str) -> dict:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name)}
+        env.pop("COORDINATOR_STORE", None)
+        out = subprocess.run([sys.executable, str(job), str(tmp_path / "store"), mode], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = run("first", "both")
+    assert first["misses"] == 2 and first["builds"]["isa_probe"] > 0, first
+    later = run("later", "second")  # its first (and only) graph is the first job's second
+    assert later["hits"] == 1 and later["misses"] == 0, later
+    assert later["builds"]["kernel"] == 0 and later["builds"]["isa_probe"] == 0, later

@@ -123,6 +123,11 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
 * ``triton_driver``: Triton's CUDA driver utilities built in the background when a session
   starts (``warm_driver_utilities``): ``triton.backends.nvidia.driver.CudaUtils``. Triton 3.6
   with 2.11.0 on an H100 (the restart benchmark); read from Triton 3.8's source (2.14.1).
+* ``cpu_isa``: the libraries Inductor's probes of the CPU's vector instructions leave in the
+  cache dir, which travel with CPU FX entries (``isa_probe_libraries``:
+  ``cpu_vec_isa.valid_vec_isa_list``, ``VecISA._avx_code``, ``_get_isa_dry_compile_fingerprint``,
+  ``codecache.get_hash``, ``get_path``). Read from the sources of 2.11.0, 2.13.0 and 2.14.1; ran
+  on 2.13.0 and 2.14.1.
 * ``compile_workers``: Inductor's compile workers: every Triton compile job kept off Inductor's
   Redis while autotune caches are routed, in a pool started before the session or after
   (``compile_jobs_without_redis``: ``SubprocPool.submit``, ``TrackedProcessPoolExecutor.submit``,
@@ -169,6 +174,7 @@ from coordinator._compat.compile_workers import (
     warm_compile_pool,
 )
 from coordinator._compat.counters import count_triton_compiles, frames_traced, inductor_counters
+from coordinator._compat.cpu_isa import isa_probe_libraries
 from coordinator._compat.distributed import default_c10d_store, extend_nccl_timeouts, has_nccl_process_group
 from coordinator._compat.fx_graph import (
     bundles_of_final_kernels,
@@ -238,6 +244,7 @@ __all__ = [
     "complete_package",
     "compile_jobs_without_redis",
     "hold_compile_pool",
+    "isa_probe_libraries",
     "compile_pool_size",
     "compiling_now",
     "count_triton_compiles",

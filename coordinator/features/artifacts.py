@@ -17,6 +17,10 @@ place, so in a cache dir the ranks of a node share, a file may be one that anoth
 is still building: only whole libraries travel or land (:func:`complete_library`: an
 ELF file up to its section headers, which the linker writes last).
 
+On CPU each entry also carries the libraries Inductor's probes of the CPU's vector
+instructions left (``_compat.isa_probe_libraries``): a rank loading a graph on an empty cache
+dir would build them first, a g++ run each, whichever graph it loads first.
+
 On GPUs the FX entry carries its Triton kernels itself (Inductor's Triton bundling), but
 not the small C modules Triton builds with the host's compiler beside them, each in a
 Triton cache entry of its own: the launcher of each kernel signature that Inductor's
@@ -245,10 +249,12 @@ class ShippedKernels:
     process compiled or received, which a whole-job bundle carries (``coordinator.bundles``)."""
 
     def __init__(self, cache_dir: Callable[[], str], triton_dir: Callable[[], str],
-                 gpu: Callable[[], bool] = lambda: False) -> None:
+                 gpu: Callable[[], bool] = lambda: False, probes: Callable[[], list[str]] = list) -> None:
         self._cache_dir = cache_dir
         self._triton_dir = triton_dir
         self._gpu = gpu
+        #: The libraries of Inductor's probes of the CPU (``_compat.isa_probe_libraries``).
+        self._probes = probes
         #: Wall-clock time of each FX miss this process compiles without a claim.
         self._missed_at: dict[str, float] = {}
         #: C++ kernel libraries resolved on each thread since its last FX miss.
@@ -287,6 +293,8 @@ class ShippedKernels:
         files = {**read_kernels(cache_dir, resolved), **collect_kernels(cache_dir, since)}
         if self._gpu():
             files.update(collect_triton_modules(self._triton_dir(), since))
+        else:  # a receiver that loads this graph first on an empty dir probes nothing
+            files.update(read_kernels(cache_dir, self._probes()))
         return files
 
     def read(self, paths: list[str]) -> dict[str, bytes]:
