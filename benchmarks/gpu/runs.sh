@@ -5,7 +5,9 @@
 #                                            # user_scripts/user_llama_ddp.py) with $SCRIPT_ARGS, N=$RANKS (default 2),
 #                                            # rows $ROWS (default stock ours cm; the cm row through $CM_WRAPPER, default
 #                                            # the script's own user_scripts/compile_once_wrapper.py), $PAIRS alternating
-#                                            # pairs (default 2), UNTIL=K stops each job after step K; JOB_ENV="--env V=1"
+#                                            # pairs (default 2), UNTIL=K stops each job after step K; JOB_ENV="--env V=1";
+#                                            # RESTART=1: each row's cold job, then the pairs are restarts (stock on its
+#                                            # dirs, ours from its file:// store on empty ones)
 #   bash benchmarks/gpu/runs.sh n2        # cold start, N=2 (NCCL), rows $ROWS (default a d e c f)
 #   bash benchmarks/gpu/runs.sh n8        # cold start, N=8 emulated on 2 GPUs (gloo), rows $ROWS (default a d e);
 #                                            # JOB_LOGS=<dir> keeps each job's output (COLD_START_LOG_LEVEL=DEBUG: coordinator lines)
@@ -107,7 +109,7 @@ case "${1:?tier | user | worker-redis | n2 | n8 | large | profile8 | profile1 | 
     rm -rf "/tmp/jl-$label"
     timeout "$(left)" python3 benchmarks/user_script.py --label "$label" --ranks ${RANKS:-2} --pairs ${PAIRS:-2} \
       --rows ${ROWS:-stock ours cm} --cm-wrapper "${CM_WRAPPER:-benchmarks/user_scripts/compile_once_wrapper.py}" \
-      ${UNTIL:+--until-step $UNTIL} --env HF_LOG=1 ${JOB_ENV:-} --job-logs "/tmp/jl-$label" --results-dir "$OUT" \
+      ${UNTIL:+--until-step $UNTIL} ${RESTART:+--restart} --env HF_LOG=1 ${JOB_ENV:-} --job-logs "/tmp/jl-$label" --results-dir "$OUT" \
       --out "$OUT/$label.md" -- ${SCRIPT:-benchmarks/user_scripts/user_llama_ddp.py} ${SCRIPT_ARGS:-} 2>&1 \
       | tee "$OUT/$label.log"
     tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .
