@@ -60,6 +60,8 @@ class CompileWorkers(Feature, counts=WorkerCounts):
     def __init__(self, context: Context) -> None:
         super().__init__(context)
         self._release: Callable[[bool], None] | None = None
+        #: FX graphs asked for while the pool is held (a miss among them releases it).
+        self._asked_while_held: set[str] = set()
 
     def caches_routed(self) -> None:
         _compat.size_compile_pool(_local_ranks())
@@ -75,11 +77,13 @@ class CompileWorkers(Feature, counts=WorkerCounts):
 
     def asked(self, kind: str, inductor_key: str) -> None:
         if self._release is not None and kind == _COMPILES_KERNELS:
-            self.counts.hits_held += 1  # a miss takes it back in ``missed``
+            self._asked_while_held.add(inductor_key)
+            self.counts.hits_held = len(self._asked_while_held)  # a miss takes its key back
 
     def missed(self, kind: str, key: str, inductor_key: str) -> None:
         if self._release is not None and kind == _COMPILES_KERNELS:
-            self.counts.hits_held -= 1
+            self._asked_while_held.discard(inductor_key)
+            self.counts.hits_held = len(self._asked_while_held)
             self.counts.started_at_miss = True
             self._stop_holding(start=True)
 
