@@ -42,14 +42,11 @@ class WorkerCounts(Counts, held=False, hits_held=0, started_at_miss=False):
     """Whether the pool was held back for a restart, the FX-graph hits served while it
     was, and whether a miss then started it."""
 
-    line = "compile workers held back through {hits_held} hits{started}"
-    shown_if = ("held",)
-
     def summary(self) -> str:
         if not self.held:
             return ""
-        return self.line.format(hits_held=self.hits_held,
-                                started=", started at the first miss" if self.started_at_miss else ", never started")
+        started = "started at the first miss" if self.started_at_miss else "never started"
+        return f"compile workers held back through {self.hits_held} hits, {started}"
 
 
 class CompileWorkers(Feature, counts=WorkerCounts):

@@ -179,9 +179,7 @@ class Prefetch(Feature, counts=PrefetchCounts):
         try:
             stores = self._open()
             keys = self._index(stores)
-            if not keys:
-                self._index_read.set()
-            else:
+            if keys:  # with none, ``finally`` says the index was read
                 with self._lock:
                     # A key looked up before the index was read is not fetched: it was asked already.
                     self._pending = {key: None for key in keys if key not in self._asked}
