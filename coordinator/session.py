@@ -4,7 +4,7 @@ A :class:`Session` routes Inductor cache reads and writes (:meth:`Session.get`,
 :meth:`Session.put`) to singleflight lookups and publishes: the node's copy first
 (``coordinator.protocol.node``), every value sealed (``coordinator.protocol.integrity``),
 the kernels that travel with entries (``coordinator.features.artifacts``). What differs per
-cache kind is in the kind's record (``_compat.CACHE_KINDS``); what a compile feature adds
+cache kind is in the kind's record (``_compat.KINDS``); what a compile feature adds
 (``coordinator.features``) it adds through the fixed points of a lookup that
 :class:`~coordinator.features.base.Feature` names, given a
 :class:`~coordinator.features.base.Context` of its ``Session``, which names neither.
@@ -94,7 +94,7 @@ class Session:
         self.routed = frozenset(_compat.routable_kinds(config.caches))
         context = Context(config=config, events=self.events, stats=self.stats, kernels=self.kernels,
                           flight=self.flight, store_key=self.store_key, lookup=self._lookup, publish=self.publish,
-                          verify=self._verified, feature=self.feature, peers=self.peers)
+                          verify=self._verified, feature=self.feature, peers=self.peers, get=self.get, put=self.put)
         built = [feature(context) for feature in feature_registry.FEATURES]
         #: The compile features this ``Session`` runs, in the registry's order.
         self.features: list[Feature] = [feature for feature in built if feature.enabled(self.routed)]
@@ -166,7 +166,7 @@ class Session:
         claim on it (a waiting rank names it): the graph this thread compiles
         (``_compat.compiling_now``), or what the key's cache kind holds."""
         now = _compat.compiling_now()
-        kind = _compat.CACHE_KINDS.get(short_key(key).split("/", 1)[0])
+        kind = _compat.KINDS.get(short_key(key).split("/", 1)[0])
         if kind is None:
             return now
         if kind.graphs and now:
@@ -186,30 +186,32 @@ class Session:
         ``rejected`` (a value of ``key`` that failed verification) the store is asked
         again, that value counting as missing: one rank claims the key and compiles it,
         the others wait for it."""
-        record = _compat.CACHE_KINDS[kind]
+        record = _compat.KINDS[kind]
+        # A leaf key's owner waits on nothing while it holds it: even a claim holder waits for it.
+        holds_claims = flight.holds_claims() and not record.leaf
         claim_lists = [claims for feature in self.features if (claims := feature.claims()) is not None]
         blocking = record.waits == _compat.WaitRule.ALWAYS or any(feature.lets_wait(kind) for feature in self.features)
         if record.inside_aot_entries and _compat.in_aot_entry_load():
             blocking = False  # a miss compiles nothing here: no claim (docs/design.md, rule 1)
         forbidden = any(feature.forbids_waits() for feature in self.features)
-        may_wait = not flight.holds_claims() and not forbidden
+        may_wait = not holds_claims and not forbidden
         work_first = next((work for feature in self.features
                            if (work := feature.work_while_waiting(kind)) is not None), None)
         if rejected is None and not forbidden:
             # A wait for this process's own prefetch waits on no rank; a claim holder does not
             # make the ranks that wait on it wait longer for it.
-            wait = not flight.holds_claims()
+            wait = not holds_claims
             prepared = next((value for feature in self.features
                              if (value := feature.prepared(key, wait=wait)) is not None), None)
             if prepared is not None:  # fetched ahead: no store request, no node lock, no claim
                 return LookupResult(prepared, Outcome.PREPARED)
         if rejected is not None:
             self._node.forget(key, rejected)
-            result = flight.lookup(key, blocking=blocking, rejected=rejected)
+            result = flight.lookup(key, blocking=blocking, rejected=rejected, leaf=record.leaf)
             if result.value is not None:
                 self._node.write(key, result.value)
         else:
-            result = self._node.lookup(flight, key, blocking=blocking, work_first=work_first,
+            result = self._node.lookup(flight, key, blocking=blocking, work_first=work_first, leaf=record.leaf,
                                        wait_s=self.config.wait_timeout.total_seconds() if may_wait else None)
         if result.outcome != Outcome.NODE and result.value is not None:
             self.stats.record_store_fetch()
@@ -225,7 +227,7 @@ class Session:
 
     def _missed(self, kind: str, key: str, inductor_key: str) -> None:
         self.stats.record_miss(kind)
-        if _compat.CACHE_KINDS[kind].inside_aot_entries and _compat.in_aot_entry_load():
+        if _compat.KINDS[kind].inside_aot_entries and _compat.in_aot_entry_load():
             return  # AOTAutograd compiles the graph afresh, and looks it up again then
         # When this rank compiles a graph it did not claim (the store failed, or it held
         # another claim), kernels written since the miss travel with the entry.
@@ -243,7 +245,7 @@ class Session:
         key = self.store_key(kind, inductor_key)
         if flight is None:  # no store: Inductor compiles, and this rank's counts and features say so
             self.stats.record_miss(kind)
-            if not (_compat.CACHE_KINDS[kind].inside_aot_entries and _compat.in_aot_entry_load()):
+            if not (_compat.KINDS[kind].inside_aot_entries and _compat.in_aot_entry_load()):
                 for feature in self.features:
                     feature.missed(kind, key, inductor_key)
                 self.events.compile_began(key)
@@ -299,7 +301,7 @@ class Session:
             log.warning("compile_once: could not write received kernels (%s); Inductor will compile them", exc)
         recorded_s = sealed.meta.get("time_taken_ms", 0) / 1000.0
         self.kernels.record(kind, sealed.files, recorded_s)
-        if _compat.CACHE_KINDS[kind].inductor_extends_timeout:
+        if _compat.KINDS[kind].inductor_extends_timeout:
             # Inductor extends by the entry's recorded compile time itself on this hit.
             extension = float(int(recorded_s)) if _compat.has_nccl_process_group() else 0.0
         else:
@@ -310,8 +312,9 @@ class Session:
         if extension:
             self.events.instant("timeout extension", seconds=extension)
 
-    def put(self, kind: str, inductor_key: str, data: bytes) -> None:
-        """Publish Inductor's freshly computed entry to the other ranks."""
+    def put(self, kind: str, inductor_key: str, data: bytes, meta: dict | None = None) -> None:
+        """Publish Inductor's freshly computed entry to the other ranks (``meta``: more of
+        the entry's metadata, such as the compile time it records, ``time_taken_ms``)."""
         flight = self.flight()  # first: opening the store names the keys' prefix
         key = self.store_key(kind, inductor_key)
         self.events.compile_ended(key)
@@ -324,7 +327,7 @@ class Session:
             files = self.kernels.built_for(key, flight.claim_started(key))
         else:
             self.kernels.forget(key)
-        self.publish(flight, kind, key, data, files)
+        self.publish(flight, kind, key, data, files, meta)
 
     def publish(self, flight: Singleflight, kind: str, key: str, data: bytes, files: dict[str, bytes],
                 extra_meta: dict | None = None, *, local_copy: bool = False) -> bool:

@@ -51,7 +51,8 @@ class CacheKind:
     name: str
     """The name in ``Config.caches`` and in store keys."""
     inductor_class: str
-    """Its class in ``torch._inductor.remote_cache``, whose ``backend_override_cls`` we set."""
+    """Its class in ``torch._inductor.remote_cache``, whose ``backend_override_cls`` we set
+    ("" for Triton's own caches, which ``coordinator.features.triton_kernels`` routes)."""
     switches: tuple[tuple[str, str], ...]
     """(module, attribute) config switches that make Inductor consult it, on while routed."""
     waits: WaitRule
@@ -83,6 +84,9 @@ class CacheKind:
     described_as: str = ""
     """What a claim of it is for, in words (a waiting rank's lines), where the compile
     running says no more (``compiling_now``); "" for its name."""
+    leaf: bool = False
+    """Its owner computes an entry with no lookup of its own: a rank waits for one even
+    while it holds claims (``coordinator.protocol.singleflight``, on cycles)."""
 
 
 _ALL = (
@@ -109,8 +113,21 @@ _ALL = (
               waits=WaitRule.NEVER, ships_kernels=False, triton_only=False, inductor_extends_timeout=False,
               default=True),
 )
-#: Every cache kind, by name.
+#: Every Inductor cache kind, by name (what ``Config.caches`` names).
 CACHE_KINDS: dict[str, CacheKind] = {kind.name: kind for kind in _ALL}
+
+#: Triton's own caches, outside Inductor (``coordinator.features.triton_kernels``). A kernel's
+#: compile runs no lookup while its owner holds it (a leaf); a tuning's owner benchmarks
+#: on its own device, waiting only for configs' compiles.
+TRITON_KINDS: dict[str, CacheKind] = {kind.name: kind for kind in (
+    CacheKind("triton", "", (), waits=WaitRule.ALWAYS, ships_kernels=False, triton_only=False,
+              inductor_extends_timeout=False, default=True, described_as="a Triton kernel", leaf=True),
+    CacheKind("triton_autotune", "", (), waits=WaitRule.ALWAYS, ships_kernels=False, triton_only=False,
+              inductor_extends_timeout=False, default=True, described_as="a Triton kernel's autotune result"),
+)}
+
+#: Every kind of entry a session looks up, by name.
+KINDS: dict[str, CacheKind] = {**CACHE_KINDS, **TRITON_KINDS}
 
 
 def ships_kernels(kind: str) -> bool:
@@ -118,7 +135,7 @@ def ships_kernels(kind: str) -> bool:
     entries always; AOTAutograd entries while they hold their compiled graphs themselves
     (bundled, as caching precompile makes them: a hit then loads no FX entry, whose
     kernels would have come with it)."""
-    if CACHE_KINDS[kind].ships_kernels:
+    if KINDS[kind].ships_kernels:
         return True
     if kind != "aot_autograd":
         return False
@@ -134,7 +151,7 @@ def hit_saves_compile(kind: str) -> bool:
     their FX-graph compiles (counted with the FX entries a hit then loads) and any wait
     for them; it counts only while its entries hold their compiled graphs themselves
     (bundled, as caching precompile makes them: a hit then loads no FX entry)."""
-    if CACHE_KINDS[kind].graphs:
+    if KINDS[kind].graphs:
         return True
     return kind == "aot_autograd" and ships_kernels(kind)
 

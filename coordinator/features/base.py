@@ -78,6 +78,11 @@ class Context:
     #: ``peers(world, wait_s)``: the ranks of the job that compile for this rank's device
     #: index (``coordinator.protocol.devices``), this rank among them, in rank order.
     peers: Callable[[int, float], list[int]]
+    #: ``get(kind, key)`` and ``put(kind, key, data, meta=None)``: a cache's lookup and
+    #: save, as Inductor's cache backends make them (``Session.get``, ``Session.put``): for
+    #: a feature that routes another cache through the session (Triton's own).
+    get: Callable[[str, str], bytes | None]
+    put: Callable[..., None]
 
 
 class Feature:

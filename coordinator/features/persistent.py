@@ -207,7 +207,7 @@ class PersistentLayer(Feature, counts=PersistCounts):
     # -- writes ----------------------------------------------------------------------------
 
     def published(self, kind: str, key: str, blob: bytes) -> None:
-        if kind not in _compat.CACHE_KINDS:
+        if kind not in _compat.KINDS:
             return  # a feature's own value (a precompiled function), which its feature reads from the live store
         with self._lock:
             if self.counts.failed or (key in self._held and key not in self._refused):

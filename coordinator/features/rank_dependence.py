@@ -92,7 +92,7 @@ class RankDependence(Feature):
         return (_compat.rank_reads(self.rank_read),)
 
     def missed(self, kind: str, key: str, inductor_key: str) -> None:
-        if _compat.CACHE_KINDS[kind].rank_checked:
+        if _compat.KINDS[kind].rank_checked:
             self.compiling(key, inductor_key)
 
     def accepts(self, kind: str, key: str, meta: dict) -> bool:
@@ -106,7 +106,7 @@ class RankDependence(Feature):
 
     def publishes(self, flight: Singleflight, kind: str, key: str, data: bytes) -> bool:
         """A graph compiled while the rank was read is published as a mark, not an entry."""
-        if not _compat.CACHE_KINDS[kind].rank_checked:
+        if not _compat.KINDS[kind].rank_checked:
             return False
         reads = self.compiled(key)
         if reads is None:

@@ -87,14 +87,16 @@ class Lookups:
         finally:
             self._thread.no_waits = outer
 
-    def may_wait(self) -> bool:
-        """A rank holding a claim may try to claim more, but must not wait (no cycles)."""
-        return not self.claims.any() and not getattr(self._thread, "no_waits", False)
+    def may_wait(self, *, leaf: bool = False) -> bool:
+        """A rank holding a claim may try to claim more, but must not wait (no cycles),
+        except for a ``leaf`` key: its owner computes it with no lookup of its own, so a
+        wait for it ends when that computation does."""
+        return (leaf or not self.claims.any()) and not getattr(self._thread, "no_waits", False)
 
     # -- the entry points -----------------------------------------------------------------
 
     def lookup(self, key: str, *, blocking: bool, before_waiting: Callable[[], bool] | None = None,
-               rejected: bytes | None = None, what: str | None = None) -> LookupResult:
+               rejected: bytes | None = None, what: str | None = None, leaf: bool = False) -> LookupResult:
         """See :meth:`coordinator.protocol.singleflight.Singleflight.lookup`."""
         def ask() -> LookupResult:
             # A store that refuses writes is only read: a miss claims nothing (it may wait
@@ -105,7 +107,8 @@ class Lookups:
                 return LookupResult(value, Outcome.HIT)
             if not blocking:
                 return LookupResult(None, Outcome.NONBLOCKING)
-            return self._claim_or_wait(key, f"v/{key}", before_waiting, rejected, what, may_claim=may_claim)
+            return self._claim_or_wait(key, f"v/{key}", before_waiting, rejected, what, may_claim=may_claim,
+                                       leaf=leaf)
 
         return self.asked(ask, _unavailable())
 
@@ -147,7 +150,7 @@ class Lookups:
 
     def _claim_or_wait(self, key: str, published: str, before_waiting: Callable[[], bool] | None = None,
                        rejected: bytes | None = None, what: str | None = None, *,
-                       may_claim: bool = True) -> LookupResult:
+                       may_claim: bool = True, leaf: bool = False) -> LookupResult:
         """Claim ``key``, or wait while another process holds it until store key
         ``published`` appears (returning its value), the claim is abandoned or expires
         (then try to claim the next generation), or the deadline passes. With
@@ -155,8 +158,9 @@ class Lookups:
         key's redo claim for it. ``what`` goes into the claim's record (default:
         ``describe(key)``). Without ``may_claim`` (the store refuses writes), a key nobody
         holds is ``nonblocking``: computed here, unclaimed. A thread that holds a claim or
-        runs with ``no_waits`` does not wait: a key another process holds is ``nonblocking``."""
-        may_wait = self.may_wait()
+        runs with ``no_waits`` does not wait: a key another process holds is ``nonblocking``;
+        a ``leaf`` key is waited for even by a thread that holds claims (``may_wait``)."""
+        may_wait = self.may_wait(leaf=leaf)
         at = key if rejected is None else f"{key}/redo-{hashlib.sha256(rejected).hexdigest()[:16]}"
         if what is None:
             what = self.describe(key) if self.describe is not None else ""

@@ -219,16 +219,17 @@ class NodeCache:
             pass
 
     def lookup(self, flight: Singleflight, key: str, *, blocking: bool, wait_s: float | None,
-               work_first: Callable[[], bool] | None) -> LookupResult:
+               work_first: Callable[[], bool] | None, leaf: bool = False) -> LookupResult:
         """Look ``key`` up once per node: from this node's copy, else, under the key's node
         lock (so sibling processes wait here instead of asking the store), from the store,
         keeping what it returns. ``wait_s=None``: this process must not wait (it holds a
-        claim), so it only tries the lock. ``work_first`` runs while it waits (either wait)."""
+        claim), so it only tries the lock. ``work_first`` runs while it waits (either wait);
+        ``leaf``: as ``Singleflight.lookup``'s."""
         local = self.read(key)
         if local is not None:
             return LookupResult(local, Outcome.NODE)
         if not self.copying:
-            return flight.lookup(key, blocking=blocking, before_waiting=work_first)
+            return flight.lookup(key, blocking=blocking, before_waiting=work_first, leaf=leaf)
         started = time.monotonic()
         wait_began: list[float] = []
         try:
@@ -240,19 +241,19 @@ class NodeCache:
                 if local is not None:
                     return LookupResult(local, Outcome.NODE, time.monotonic() - started)
                 lock_wait = time.monotonic() - started
-                result = flight.lookup(key, blocking=blocking, before_waiting=work_first)
+                result = flight.lookup(key, blocking=blocking, before_waiting=work_first, leaf=leaf)
                 result.waited_s += lock_wait
                 if result.value is not None:
                     self.write(key, result.value)
                 return result
         except WaitTimeout:
-            return flight.lookup(key, blocking=blocking)
+            return flight.lookup(key, blocking=blocking, leaf=leaf)
         except OSError as exc:  # the node's lock could not be made
             if exc.errno in _FULL:
                 self.stop_copying(exc)
             else:
                 log.warning("compile_once: node-local lookup of %s failed (%s); asking the store", key, exc)
-            return flight.lookup(key, blocking=blocking)
+            return flight.lookup(key, blocking=blocking, leaf=leaf)
 
     @contextlib.contextmanager
     def lock(self, key: str, timeout_s: float, while_waiting: Callable[[], bool] | None = None,

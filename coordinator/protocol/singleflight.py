@@ -86,7 +86,12 @@ a Triton kernel's tuning at its first launch (it claims the kernel's autotune ke
 the holder benchmarks configs on its own device). A rank that holds a claim never
 waits for another key: its lookups inside the step are non-blocking. So every wait
 points at a rank inside a leaf step, which ends (publishes, abandons, or dies and
-loses its lease) without waiting itself. Keys whose value can depend on other ranks
+loses its lease) without waiting itself. One kind of key is waited for even by a rank
+that holds claims: a *leaf key*, whose owner computes it with no lookup at all (a
+Triton kernel's compile, ``_compat.CacheKind.leaf``). Its owner ends it without waiting
+on anything, so a wait for it ends, and no cycle passes through it (a rank tuning a
+Triton kernel outside Inductor holds the kernel's autotune key and waits for configs
+that other ranks compile: ``coordinator.features.triton_kernels``). Keys whose value can depend on other ranks
 (AOTAutograd entries, published after a backward that may follow forward-pass
 collectives; PGO profiles) are never waited on, only read. The checks of a claim's job
 and of the claim's existence (``coordinator.protocol.waiting``) only end waits early, into
@@ -201,15 +206,16 @@ class Singleflight:
     # -- taking and following claims -----------------------------------------------------
 
     def lookup(self, key: str, *, blocking: bool, before_waiting: Callable[[], bool] | None = None,
-               rejected: bytes | None = None, what: str | None = None) -> LookupResult:
+               rejected: bytes | None = None, what: str | None = None, leaf: bool = False) -> LookupResult:
         """Find ``key``'s value; see the module docstring for what happens on a miss.
         Before a wait, ``before_waiting`` (if given) is called until it returns False
         or the value is published. ``rejected``: a value of ``key`` the caller refused,
         which counts as missing (one rank claims the key again, the others wait).
         ``what``: what this process computes for ``key``, for a claim's record (default:
-        ``describe(key)``)."""
+        ``describe(key)``). ``leaf``: the key's owner computes it with no lookup of its
+        own, so this process waits for it even while it holds claims."""
         return self._lookups.lookup(key, blocking=blocking, before_waiting=before_waiting, rejected=rejected,
-                                    what=what)
+                                    what=what, leaf=leaf)
 
     def follow(self, key: str, *, grace_s: float = 0.0) -> LookupResult:
         """Wait for ``key``'s value while another process holds a claim on it, never
