@@ -180,6 +180,9 @@ def _report_command(args: argparse.Namespace) -> int:
     print(report.legend())
     if report.frames:
         print(report.frame_table())
+    if report.triton:
+        print(report.triton_table())
+        print("  an autotune result is shared only between ranks whose GPUs are of one kind (the last column)")
     for warning in report.warnings:
         print(f"warning: {warning}")
     for note in report.notes:

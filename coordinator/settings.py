@@ -247,6 +247,13 @@ class Config:
     """Ship the compiled C++ kernel libraries with each FX-graph entry (CPU), and on GPUs
     the host C modules Triton built for it (kernel launchers, driver utilities)."""
 
+    triton_kernels: bool = _setting(
+        True, env="COORDINATOR_TRITON_KERNELS", parse=_flag,
+        help="share Triton kernels outside Inductor (libraries', users') and their autotune results (default 1)")
+    """Compile each Triton kernel that Inductor did not generate once per job, and run each
+    of its autotunings once per kind of GPU, through Triton's own cache manager
+    (``coordinator.features.triton_kernels``); a manager the user installed stays in place."""
+
     share_local_hits: bool = _setting(
         True, env="COORDINATOR_SHARE_LOCAL_HITS", parse=_flag,
         help="publish graphs found in the local cache, or wait while another rank compiles them (default 1)")

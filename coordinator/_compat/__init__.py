@@ -150,6 +150,8 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
 from coordinator._compat.backward import DeferredBackward, SkipCompile, deferred_backwards, is_restart, is_skip
 from coordinator._compat.caches import (
     CACHE_KINDS,
+    KINDS,
+    TRITON_KINDS,
     CacheKind,
     WaitRule,
     default_cache_dir,
@@ -205,6 +207,18 @@ from coordinator._compat.split_graphs import (
     split_graphs_unsupported,
 )
 from coordinator._compat.structured_trace import current_compile_id, emit_structured, structured_trace_on
+from coordinator._compat.triton_cache import (
+    AUTOTUNE_SUFFIX,
+    Tuning,
+    autotuner_hooks,
+    compile_config,
+    device_kind,
+    file_cache_manager,
+    routed_triton_cache,
+    triton_version,
+    tuning_now,
+    users_cache_manager,
+)
 from coordinator._compat.triton_driver import warm_driver_utilities
 from coordinator._compat.triton_tuning import (
     TunedKernel,
@@ -219,11 +233,23 @@ from coordinator._compat.triton_tuning import (
 from coordinator._compat.versions import CHECKED_ON, FIXED_IN, torch_before, torch_version
 
 __all__ = [
+    "AUTOTUNE_SUFFIX",
+    "Tuning",
+    "autotuner_hooks",
+    "compile_config",
+    "device_kind",
+    "file_cache_manager",
+    "routed_triton_cache",
+    "triton_version",
+    "tuning_now",
+    "users_cache_manager",
     "CHECKED_ON",
     "COLLECTIVE_SWITCHES",
     "DeferredBackward",
     "FIXED_IN",
     "CACHE_KINDS",
+    "KINDS",
+    "TRITON_KINDS",
     "CacheKind",
     "NO_REDIS_URL",
     "PRECOMPILE_VERSIONS",

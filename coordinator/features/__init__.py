@@ -19,6 +19,7 @@ from coordinator.features.prefetch import Prefetch
 from coordinator.features.rank_dependence import RankDependence
 from coordinator.features.split_graphs import SplitGraphs
 from coordinator.features.split_shares import SplitShares
+from coordinator.features.triton_kernels import TritonKernels
 from coordinator.features.tuning_steps import TuningSteps
 
 #: Every compile feature, in the order a session asks them (what was fetched ahead first,
@@ -35,6 +36,7 @@ FEATURES: list[type[Feature]] = [
     PrecompiledFunctions,
     CompileChoicesOnce,
     CompileWorkers,
+    TritonKernels,
 ]
 
 __all__ = ["FEATURES", "Context", "Feature"]

@@ -21,6 +21,9 @@ seconds spent on its shares and on its chains, each over all ranks). And warning
 that compiled or received different sets of FX graphs (a rank that compiles a graph its
 peers never need usually took another path through the model, the usual cause of a
 collective that hangs), and waits on a rank that never compiled or published the graph.
+Where ranks ran Triton kernels outside Inductor, a table of those per rank (kernels
+compiled and received, tunings run and received) and the kind of GPU each rank's tunings
+were shared within (``coordinator.features.triton_kernels``).
 """
 
 from __future__ import annotations
@@ -81,6 +84,14 @@ class ShareRow(Counts, dealt=0, compiled=0, taken=0, share_s=0.0, chain_s=0.0, w
     rank: int
 
 
+class TritonRow(Counts, compiled=0, received=0, tuned=0, tunings_received=0, device=str):
+    """One rank's Triton kernels outside Inductor: kernels compiled and received, tunings run
+    and received; ``device``: the kind of GPU its tunings are shared within (only ranks on
+    that kind share a tuning)."""
+
+    rank: int
+
+
 @dataclasses.dataclass
 class Report:
     rows: list[RankRow]
@@ -89,6 +100,16 @@ class Report:
     notes: list[str] = dataclasses.field(default_factory=list)
     frames: list[FrameRow] = dataclasses.field(default_factory=list)
     shares: list[ShareRow] = dataclasses.field(default_factory=list)
+    triton: list[TritonRow] = dataclasses.field(default_factory=list)
+
+    def triton_table(self) -> str:
+        """Per rank, its Triton kernels outside Inductor (empty: no rank ran any)."""
+        if not self.triton:
+            return ""
+        lines = ["triton kernels outside Inductor:  rank  compiled  received  tuned  received  tunings shared within"]
+        lines += [f"{'':34}{r.rank:>4}  {r.compiled:>8}  {r.received:>8}  {r.tuned:>5}  {r.tunings_received:>8}  "
+                  f"{r.device or '-'}" for r in self.triton]
+        return "\n".join(lines)
 
     def frame_table(self) -> str:
         """Per split frame: its graphs, the shares compiled for the job, and the chains'
@@ -200,6 +221,23 @@ def rows(traces: dict[int, list[dict]]) -> list[RankRow]:
         d = stats.as_dict()
         table.append(RankRow(rank, first_step_s=first_step_s, **{count: d[key] for count, key in _FROM_STATS.items()}))
     return table
+
+
+def triton_rows(traces: dict[int, list[dict]]) -> list[TritonRow]:
+    """Each rank's Triton kernels outside Inductor, where any rank ran one."""
+    table = []
+    for rank, events in traces.items():
+        stats = Stats(rank)
+        device = ""
+        for e in events:
+            stats.count(e)
+            if e["name"] == "triton device":
+                device = e.get("args", {}).get("device", "")
+        d = stats.as_dict()
+        table.append(TritonRow(rank, compiled=d["triton_kernels_compiled"], received=d["triton_kernels_received"],
+                               tuned=d["triton_tunings_run"], tunings_received=d["triton_tunings_received"],
+                               device=device))
+    return table if any(r.compiled or r.received or r.tuned or r.tunings_received for r in table) else []
 
 
 def split_frames(traces: dict[int, list[dict]]) -> list[FrameRow]:
@@ -348,7 +386,7 @@ def write_report(trace_dir: Path, *, picture: bool = True) -> Report:
     merged.write_text(json.dumps(merged_trace(traces)))
     written = [merged]
     report = Report(rows(traces), divergence(traces) + unmatched_waits(traces), written,
-                    frames=split_frames(traces), shares=split_frame_shares(traces))
+                    frames=split_frames(traces), shares=split_frame_shares(traces), triton=triton_rows(traces))
     if picture:
         pictures = [trace_dir / "job.png", trace_dir / "job.svg"]
         if draw(traces, pictures):

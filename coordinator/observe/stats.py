@@ -24,7 +24,10 @@ holds. So the summary and the report agree, and say:
 * MB in: bytes fetched from the store (values read again from this node's copy, a graph
   that repeats or one a local rank fetched, are counted apart as ``bytes_from_node``);
   MB out: bytes published;
-* rejected: values that failed verification.
+* rejected: values that failed verification;
+* Triton kernels outside Inductor (``coordinator.features.triton_kernels``), where the
+  rank ran any: kernels it compiled and received, tunings it ran (benchmarked) and received
+  (the ``triton`` and ``triton_autotune`` kinds' compiles and receives).
 """
 
 from __future__ import annotations
@@ -87,6 +90,10 @@ class KindCounts(Counts, hits=0, misses=0, compiled=0, published=0, rejected=0):
     """One cache kind's lookups and publishes: ``misses`` counts lookups that found no
     usable value, ``compiled`` the values this rank computed (an FX graph looked up while
     AOTAutograd loads an entry is a miss, compiled at a later lookup)."""
+
+
+#: The counts of Triton's kernels outside Inductor in ``Stats.as_dict``.
+_TRITON_COUNTS = ("triton_kernels_compiled", "triton_kernels_received", "triton_tunings_run", "triton_tunings_received")
 
 
 def _kind(key: str) -> str:
@@ -185,6 +192,7 @@ class Stats:
     def as_dict(self) -> dict:
         with self._lock:
             fx = self.kinds.get("fx_graph", KindCounts())
+            kernels, tunings = self.kinds.get("triton", KindCounts()), self.kinds.get("triton_autotune", KindCounts())
             return {
                 "rank": self.rank,
                 "store": self.store,
@@ -194,6 +202,10 @@ class Stats:
                 "split_graphs_compiled_for_the_job": self.shares_compiled,
                 "graphs_shared_from_local_cache": self.shared_from_local,
                 "graphs_rank_dependent": self.rank_dependent,
+                "triton_kernels_compiled": kernels.compiled,
+                "triton_kernels_received": kernels.hits,
+                "triton_tunings_run": tunings.compiled,
+                "triton_tunings_received": tunings.hits,
                 "waits": self.waits,
                 "waited_s": round(self.waited_s, 3),
                 "bytes_received": self.bytes_received,
@@ -223,11 +235,15 @@ class Stats:
         store = d["store"] + (", failed" if d["store_failed"] else "")
         prefetch = d.get("prefetch") or {}
         ahead = f"; prepared ahead {prefetch['prepared']}, used {prefetch['used']}" if prefetch.get("indexed") else ""
+        triton = ""
+        if any(d[name] for name in _TRITON_COUNTS):
+            triton = (f"; triton compiled {d['triton_kernels_compiled']}, received {d['triton_kernels_received']}, "
+                      f"tuned {d['triton_tunings_run']}, received {d['triton_tunings_received']}")
         return (f"compile_once rank {d['rank']}: compiled {d['graphs_compiled']}, received {d['graphs_received']}, "
                 f"local {d['graphs_found_in_local_cache']}, rank-dependent {d['graphs_rank_dependent']}; "
                 f"waits {d['waits']} ({d['waited_s']:.1f}s); saved {d['compile_time_saved_s']:.1f}s; "
                 f"MB in {d['bytes_received'] / 1e6:.2f}, out {d['bytes_published'] / 1e6:.2f}; "
-                f"rejected {d['rejected']}; store {store}{ahead}")
+                f"rejected {d['rejected']}; store {store}{ahead}{triton}")
 
     def details(self) -> str:
         """What the summary leaves out, for the DEBUG log (all of it is in :meth:`as_dict`)."""

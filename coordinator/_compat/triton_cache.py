@@ -1,0 +1,191 @@
+"""Triton's own cache, outside Inductor: its cache-manager seam and its autotuner.
+
+Triton looks every kernel it compiles up in a cache manager it builds per kernel key
+(``triton.runtime.cache.get_cache_manager``: the class ``knobs.cache.manager_class`` names,
+or ``TRITON_CACHE_MANAGER``, else ``FileCacheManager``). ``triton.compile`` asks
+``get_group("<kernel>.json")``; on a miss it compiles, ``put``s each file of the kernel
+(IRs, binary, metadata) and ``put_group``s them. An ``Autotuner`` that caches its results
+(``cache_results=True``, or ``TRITON_CACHE_AUTOTUNING=1``) asks ``get_file("<kernel>.autotune.json")``
+in ``check_disk_cache``; on a miss it benchmarks every config and ``put``s the timings.
+The key of a compile hashes the source, options, backend (the GPU's architecture), the
+environment and Triton's own version; the autotune key adds the tuning key and the configs.
+
+:func:`routed_triton_cache` installs a manager class for the duration (a class, so Triton
+sets no environment variable: Inductor's compile workers keep Triton's file manager), and
+:func:`users_cache_manager` says whether the user installed one of their own first.
+:func:`autotuner_hooks` wraps ``Autotuner.run`` and ``Autotuner.check_disk_cache``: the
+first records each tuning (:class:`Tuning`: the kernel, its arguments, the configs it
+searches) for the thread that runs it, and turns result caching on for an autotuner built
+without it; the second marks the tuning while Triton looks its result up and benchmarks.
+:func:`compile_config` compiles one config of a tuning as its benchmark would, without
+launching it (``run(warmup=True)``).
+
+Private names: ``Autotuner.run``, ``check_disk_cache``, ``cache_results``, ``fn``,
+``configs``; ``JITFunction.run``'s ``warmup`` argument; ``knobs.cache.manager_class`` (a
+descriptor whose instance value overrides the environment). Read from Triton 3.6.0's and
+3.8.0's sources; ran on 3.8.0 (torch 2.14.1's build, on the CPU: compiles to a GPU target
+and the cache calls) and 3.6.0 (torch 2.11, H200).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: The file an ``Autotuner`` keeps its timings in, per autotune key.
+AUTOTUNE_SUFFIX = ".autotune.json"
+
+
+def triton_version() -> str | None:
+    """Triton's version, or ``None`` where it is not installed."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+def file_cache_manager() -> type:
+    """Triton's ``FileCacheManager``, the base of a manager that keeps files where Triton does."""
+    from triton.runtime.cache import FileCacheManager
+
+    return FileCacheManager
+
+
+def users_cache_manager() -> str | None:
+    """The cache manager a user installed (``TRITON_CACHE_MANAGER``, or ``knobs.cache.manager_class``
+    set in the script), as ``module:Class``; ``None`` where Triton uses its own."""
+    from triton import knobs
+
+    env = os.environ.get("TRITON_CACHE_MANAGER")
+    if env:
+        return env
+    cls = knobs.cache.__dict__.get("manager_class")
+    return None if cls is None else f"{cls.__module__}:{cls.__qualname__}"
+
+
+@contextlib.contextmanager
+def routed_triton_cache(manager: type) -> Iterator[None]:
+    """Make Triton build ``manager`` for every kernel key for the duration."""
+    from triton import knobs
+
+    missing = object()
+    before = knobs.cache.__dict__.get("manager_class", missing)
+    knobs.cache.manager_class = manager  # a class: Triton sets no environment variable for it
+    try:
+        yield
+    finally:
+        if before is missing:
+            knobs.cache.__dict__.pop("manager_class", None)
+        else:
+            knobs.cache.__dict__["manager_class"] = before
+
+
+@dataclasses.dataclass(eq=False)
+class Tuning:
+    """One ``Autotuner.run`` that searches configs: what compiling one of them needs."""
+
+    autotuner: Any
+    args: tuple
+    kwargs: dict
+    #: The configs ``check_disk_cache`` was given (after pruning), once it runs.
+    configs: list = dataclasses.field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return getattr(getattr(self.autotuner, "base_fn", None), "__name__", "a Triton kernel")
+
+
+_thread = threading.local()
+
+
+def tuning_now() -> Tuning | None:
+    """The tuning this thread looks up or benchmarks now (inside ``check_disk_cache``), if any."""
+    tuning = getattr(_thread, "tuning", None)
+    return tuning if tuning is not None and tuning.configs else None
+
+
+def _autotuning_cache_refused() -> bool:
+    """Whether the user turned Triton's autotune caching off explicitly (``TRITON_CACHE_AUTOTUNING=0``)."""
+    return os.environ.get("TRITON_CACHE_AUTOTUNING", "").strip().lower() in ("0", "false", "off", "no")
+
+
+@contextlib.contextmanager
+def autotuner_hooks(cache_results: bool) -> Iterator[None]:
+    """Wrap ``Autotuner.run`` and ``check_disk_cache`` for the duration.
+
+    ``cache_results``: an autotuner built without result caching caches them while the hooks
+    are in (unless ``TRITON_CACHE_AUTOTUNING=0`` says otherwise), so that its result can be
+    looked up; caching changes which config runs only in that a result found is used
+    instead of benchmarking again.
+    """
+    from triton import knobs
+    from triton.runtime.autotuner import Autotuner
+
+    original_run, original_check = Autotuner.run, Autotuner.check_disk_cache
+    turn_on = cache_results and not _autotuning_cache_refused()
+
+    @functools.wraps(original_run)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        outer = getattr(_thread, "tuning", None)
+        _thread.tuning = Tuning(self, args, kwargs)
+        flipped = turn_on and not self.cache_results and not knobs.runtime.interpret
+        if flipped:
+            self.cache_results = True
+        try:
+            return original_run(self, *args, **kwargs)
+        finally:
+            if flipped:
+                self.cache_results = False
+            _thread.tuning = outer
+
+    @functools.wraps(original_check)
+    def check_disk_cache(self: Any, tuning_key: Any, configs: Any, bench_fn: Any) -> Any:
+        tuning = getattr(_thread, "tuning", None)
+        if tuning is not None and tuning.autotuner is self:
+            tuning.configs = list(configs)
+        try:
+            return original_check(self, tuning_key, configs, bench_fn)
+        finally:
+            if tuning is not None:
+                tuning.configs = []
+
+    Autotuner.run, Autotuner.check_disk_cache = run, check_disk_cache
+    try:
+        yield
+    finally:
+        Autotuner.run, Autotuner.check_disk_cache = original_run, original_check
+
+
+def compile_config(tuning: Tuning, config: Any) -> None:
+    """Compile ``config`` of ``tuning`` as its benchmark (``Autotuner._bench``) would, without
+    launching it: the kernel lands in this process's kernel cache and Triton's cache."""
+    current = dict(tuning.kwargs, **config.all_kwargs())
+    current["warmup"] = True
+    current.setdefault("grid", None)
+    tuning.autotuner.fn.run(*tuning.args, **current)
+
+
+@functools.cache
+def _device_name(index: int) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(index)
+
+
+def device_kind() -> str:
+    """The kind of device this thread's kernels run on (the current CUDA device's name), which
+    autotune results are shared within; ``cpu`` without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    return _device_name(torch.cuda.current_device())

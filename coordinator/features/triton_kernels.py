@@ -1,0 +1,310 @@
+"""Triton kernels outside Inductor, compiled and tuned once per job.
+
+Training jobs run Triton kernels that Inductor did not generate: libraries' (flash-linear-
+attention, Liger, Unsloth) and users' own, eagerly or inside ``torch.compile``. Each rank
+compiles each of them at its first call and, for an autotuned one, benchmarks every config.
+While the session runs, the cache manager Triton builds per kernel key is this feature's
+(``_compat.routed_triton_cache``): it keeps files where Triton's ``FileCacheManager`` does,
+and what it does not find there it asks the session for, as Inductor's cache backends do
+(``Context.get``/``put``: the node's copy, the prefetch, the persistent layer, every value
+sealed and verified, a value that fails is a miss):
+
+* **a kernel's compile** (``get_group`` of its metadata): kind ``triton``, keyed by Triton's
+  own hash (source, options, backend and GPU architecture, environment, Triton's version)
+  and the kernel's name. A miss claims it and Triton compiles; its ``put_group`` publishes
+  every file of the kernel, with the seconds the compile took (the others extend their NCCL
+  timeouts by them). Ranks that need it meanwhile wait, then write the files into their own
+  Triton cache, and Triton loads them there.
+* **an autotuner's result** (``get_file`` of ``<kernel>.autotune.json``): kind
+  ``triton_autotune``, keyed by Triton's hash and the GPU's name (``_compat.device_kind``):
+  a result is shared only between devices of one kind (an H100 and an H200 share an
+  architecture, so a kernel's binary, but not its best config). One rank benchmarks; the
+  others wait and take its timings. Triton keeps results only for autotuners built with
+  ``cache_results``; while the session runs, every autotuner keeps them
+  (``_compat.autotuner_hooks``), unless ``TRITON_CACHE_AUTOTUNING=0``.
+* **configs compiled while waiting**: a rank that waits for another rank's autotune result
+  compiles the configs that rank benchmarks, from the last one back (the tuner goes from
+  the first), each a compile lookup like any other: a config another rank holds is skipped,
+  and the work stops at one already published. The tuner loads what the waiters compiled
+  (waiting for a config still being compiled), so the configs are compiled once among them,
+  in less wall time than one rank takes.
+
+Why no wait forms a cycle: a kernel's compile looks nothing up while its owner holds it
+(``CacheKind.leaf``), so a rank waits for one even while it holds claims, and such a wait
+ends when that compile does. A rank waits for an autotune result only while it holds no
+claim (the session's rule); its owner waits only for compiles. A waiting rank's own compiles
+run with no waits at all (``Singleflight.no_waits``).
+
+A kernel claimed whose compile raises (Triton never saves it) is abandoned when Triton drops
+the manager, so the ranks waiting for it compile it themselves; a tuning that raises
+abandons its key at once. Inductor's compile workers keep Triton's own file manager: the
+kernels Inductor generates travel inside its FX-graph entries.
+
+A cache manager the user installed (``TRITON_CACHE_MANAGER``, ``knobs.cache.manager_class``)
+stays in place: the session says so once and shares no Triton kernel outside Inductor.
+``triton_kernels=False`` turns the feature off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import msgpack
+
+from coordinator import _compat
+from coordinator.features.base import Feature, supported
+from coordinator.observe.stats import Counts
+from coordinator.protocol.outcome import Outcome
+
+log = logging.getLogger(__name__)
+
+KERNEL = "triton"
+TUNING = "triton_autotune"
+
+
+class TritonCounts(Counts, configs_compiled_ahead=0, configs_left=0, device=str):
+    """Configs of another rank's tuning this rank compiled while it waited for the result
+    (``configs_compiled_ahead``) and those it left to other ranks (held or done there:
+    ``configs_left``); the device kind autotune results are shared within (``device``).
+    Kernels compiled and received, tunings run and received are the session's counts of
+    the ``triton`` and ``triton_autotune`` kinds (``Stats``)."""
+
+    line = "triton: {configs_compiled_ahead} configs compiled for other ranks' tunings, {configs_left} left to them"
+    shown_if = ("configs_compiled_ahead", "configs_left")
+
+
+class _Ahead(Exception):
+    """Ends a config's compile ahead of its tuning: another rank holds it, or it is done."""
+
+
+def _unpack(payload: bytes) -> dict[str, bytes] | None:
+    """A kernel entry's files by name, or ``None`` if it is not one (names are plain file names)."""
+    try:
+        files = msgpack.unpackb(payload, raw=False)
+    except Exception:
+        return None
+    if not isinstance(files, dict) or not files:
+        return None
+    for name, data in files.items():
+        if not isinstance(name, str) or not isinstance(data, bytes) or "/" in name or name.startswith("."):
+            return None
+    return files
+
+
+class TritonKernels(Feature, counts=TritonCounts):
+    """Triton's own compiles and autotune results through the session."""
+
+    name = "triton"
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self._thread = threading.local()
+        #: When this process missed each kernel or tuning it now computes (monotonic).
+        self._began: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def enabled(self, routed: frozenset[str]) -> bool:
+        return supported(self.context.config.triton_kernels, self._unsupported,
+                         "Triton kernels outside Inductor are not shared")
+
+    @staticmethod
+    def _unsupported() -> str | None:
+        if _compat.triton_version() is None:
+            return "Triton is not installed"
+        users = _compat.users_cache_manager()
+        if users is not None:
+            log.warning("compile_once: Triton's cache manager is the user's own (%s): Triton kernels outside "
+                        "Inductor are not shared; unset TRITON_CACHE_MANAGER to share them", users)
+            return f"the user's cache manager {users} stays in place"
+        return None
+
+    def hooks(self, routed: frozenset[str]) -> Iterable[contextlib.AbstractContextManager[Any]]:
+        return [_compat.routed_triton_cache(_manager_class(self)), _compat.autotuner_hooks(cache_results=True)]
+
+    def _device(self) -> str:
+        """The kind of device this thread tunes on, named in the summary and the report at
+        the first tuning (not before: naming it initializes CUDA)."""
+        kind = _compat.device_kind()
+        if kind != self.counts.device:
+            self.counts.device = kind
+            self.context.events.instant("triton device", device=kind)
+        return kind
+
+    # -- what the manager asks ------------------------------------------------------------
+
+    def fetch_kernel(self, manager: Any, filename: str) -> dict[str, str] | None:
+        """A kernel Triton did not find on disk: from the session (written into ``manager``'s
+        directory, its group returned) or ``None``: Triton compiles it (under this rank's
+        claim, if it took one)."""
+        key = f"{manager.key}/{filename}"
+        payload = self._get(KERNEL, key)
+        files = _unpack(payload) if payload is not None else None
+        if files is None or filename not in files:
+            if payload is not None:
+                log.warning("compile_once: the Triton kernel entry %s holds no kernel; compiling it here", key)
+            self._began_now(manager, KERNEL, key)
+            return None
+        base = _compat.file_cache_manager()
+        group = {name: base.put(manager, data, name) for name, data in files.items()}
+        base.put_group(manager, filename, group)
+        return base.get_group(manager, filename)
+
+    def compiled(self, manager: Any, filename: str, group: dict[str, str]) -> None:
+        """Triton saved a kernel it compiled: publish its files."""
+        key = f"{manager.key}/{filename}"
+        files: dict[str, bytes] = {}
+        for name, path in group.items():
+            with open(path, "rb") as f:
+                files[name] = f.read()
+        self._publish(manager, KERNEL, key, msgpack.packb(files, use_bin_type=True))
+
+    def fetch_tuning(self, manager: Any, filename: str) -> str | None:
+        """An autotune result Triton did not find on disk: from the session (written into
+        ``manager``'s directory, its path returned) or ``None``: Triton benchmarks."""
+        key = f"{self._device()}/{manager.key}/{filename}"
+        payload = self._get(TUNING, key)
+        if payload is None:
+            self._began_now(manager, TUNING, key)
+            return None
+        return _compat.file_cache_manager().put(manager, payload, filename)
+
+    def tuned(self, manager: Any, filename: str, data: Any) -> None:
+        """Triton saved the timings of a tuning it ran: publish them."""
+        key = f"{self._device()}/{manager.key}/{filename}"
+        self._publish(manager, TUNING, key, data if isinstance(data, bytes) else str(data).encode())
+
+    def _get(self, kind: str, key: str) -> bytes | None:
+        try:
+            return self.context.get(kind, key)
+        except _Ahead:
+            raise
+        except Exception:  # never fail a kernel's compile
+            log.warning("compile_once: looking Triton's %s entry %s up failed; computing it here", kind, key,
+                        exc_info=True)
+            return None
+
+    def _began_now(self, manager: Any, kind: str, key: str) -> None:
+        """This rank computes ``key`` now; if it claimed it, the claim is abandoned should
+        Triton drop ``manager`` without saving it (the compile or the tuning raised)."""
+        store_key = self.context.store_key(kind, key)
+        with self._lock:
+            self._began[store_key] = time.monotonic()
+        flight = self.context.flight()
+        if flight is not None and flight.claim_started(store_key) is not None:
+            manager._coordinator_unfinished = weakref.finalize(manager, self._unfinished, store_key)
+
+    def _publish(self, manager: Any, kind: str, key: str, data: bytes) -> None:
+        unfinished = getattr(manager, "_coordinator_unfinished", None)
+        if unfinished is not None:
+            unfinished.detach()
+        with self._lock:
+            began = self._began.pop(self.context.store_key(kind, key), None)
+        meta = {"time_taken_ms": int((time.monotonic() - began) * 1000)} if began is not None else None
+        try:
+            self.context.put(kind, key, data, meta)
+        except Exception:  # never fail a kernel's compile
+            log.warning("compile_once: publishing Triton's %s entry %s failed", kind, key, exc_info=True)
+
+    def _unfinished(self, store_key: str) -> None:
+        with self._lock:
+            self._began.pop(store_key, None)
+        flight = self.context.flight()
+        if flight is not None and flight.claim_started(store_key) is not None:
+            log.debug("compile_once: %s was claimed and never saved; its waiters compute it", store_key)
+            flight.abandon(store_key)
+
+    # -- configs compiled while waiting for a tuning ------------------------------------------
+
+    def work_while_waiting(self, kind: str) -> Callable[[], bool] | None:
+        if kind != TUNING:
+            return None
+        tuning = _compat.tuning_now()
+        if tuning is None or len(tuning.configs) < 2:
+            return None
+        left = list(reversed(tuning.configs))
+
+        def compile_next() -> bool:
+            """Compile the next config from the end that no rank has; False when none is left."""
+            while left:
+                config = left.pop(0)
+                try:
+                    with self._ahead():
+                        _compat.compile_config(tuning, config)
+                except _Ahead as stop:
+                    self.counts.configs_left += 1
+                    if str(stop) == "done":
+                        self.counts.configs_left += len(left)
+                        left.clear()
+                    continue
+                except Exception as exc:  # the tuner meets it too, and reports it
+                    log.debug("compile_once: compiling config %s of %s ahead failed: %s", config, tuning.name, exc)
+                    continue
+                self.counts.configs_compiled_ahead += 1
+                return True
+            return False
+
+        return compile_next
+
+    @contextlib.contextmanager
+    def _ahead(self) -> Iterator[None]:
+        flight = self.context.flight()
+        self._thread.ahead = True
+        try:
+            with flight.no_waits() if flight is not None else contextlib.nullcontext():
+                yield
+        finally:
+            self._thread.ahead = False
+
+    def forbids_waits(self) -> bool:
+        return getattr(self._thread, "ahead", False)
+
+    def looked_up(self, flight: Any, kind: str, key: str, result: Any, rejected: bytes | None) -> Any:
+        if kind == KERNEL and getattr(self._thread, "ahead", False) and result.outcome != Outcome.CLAIMED:
+            # Ahead of a tuning, compile only what this rank claimed: a config held elsewhere
+            # is left to its holder; one already done (or a store that does not answer) ends the work.
+            raise _Ahead("held" if result.outcome == Outcome.NONBLOCKING else "done")
+        return result
+
+
+def _manager_class(feature: TritonKernels) -> type:
+    """A Triton cache manager class whose instances ask ``feature`` for what is not on disk."""
+    base = _compat.file_cache_manager()
+
+    class CoordinatorCacheManager(base):  # type: ignore[misc, valid-type]
+        """Triton's file cache with the session behind it (``coordinator.features.triton_kernels``)."""
+
+        def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+            super().__init__(key, override=override, dump=dump)
+            self._shared = not (override or dump)
+
+        def get_group(self, filename: str) -> dict[str, str] | None:
+            group = super().get_group(filename)
+            if group is None and self._shared and filename.endswith(".json"):
+                group = feature.fetch_kernel(self, filename)
+            return group
+
+        def put_group(self, filename: str, group: dict[str, str]) -> str:
+            path = super().put_group(filename, group)
+            if self._shared:
+                feature.compiled(self, filename, group)
+            return path
+
+        def get_file(self, filename: str) -> str | None:
+            path = super().get_file(filename)
+            if path is None and self._shared and filename.endswith(_compat.AUTOTUNE_SUFFIX):
+                path = feature.fetch_tuning(self, filename)
+            return path
+
+        def put(self, data: Any, filename: str, binary: bool = True) -> str:
+            path = super().put(data, filename, binary=binary)
+            if self._shared and filename.endswith(_compat.AUTOTUNE_SUFFIX):
+                feature.tuned(self, filename, data)
+            return path
+
+    return CoordinatorCacheManager
