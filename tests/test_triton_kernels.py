@@ -1,0 +1,133 @@
+"""Triton kernels outside Inductor, compiled and tuned once per job (``coordinator.features.triton_kernels``).
+
+Each rank is a real process (``tests/triton_kernel_job.py``) that calls a ``@triton.jit``
+kernel and an ``@triton.autotune``d one through Triton's own ``JITFunction.run`` and
+``Autotuner.run``: Triton compiles real cubins for an ``sm_90`` target on this CPU machine
+and asks its cache manager as it does on a GPU. The ranks share a real store (a directory,
+or a Redis port nobody listens on for the dead store).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from coordinator.testing import free_port
+
+pytest.importorskip("triton", reason="Triton is installed with torch's CUDA builds (CI's second torch)")
+
+JOB = Path(__file__).with_name("triton_kernel_job.py")
+CONFIGS = 6
+
+
+def _env(tmp_path: Path, rank: int, name: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COORDINATOR_", "TRITON_"))}
+    # Each job a node of its own: its ranks share an Inductor cache dir, where the node keeps
+    # its copy of what it fetched.
+    return {**env, "RANK": str(rank), "WORLD_SIZE": "3", "TRITON_CACHE_DIR": str(tmp_path / f"{name}-rank{rank}"),
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"{name}-inductor"), "TMPDIR": str(tmp_path), **extra}
+
+
+def _job(tmp_path: Path, store: str, ranks: int, name: str, *args: str, **extra: str) -> list[dict]:
+    """Run ``ranks`` rank processes at once, each on an empty Triton cache dir of its own."""
+    procs = [subprocess.Popen([sys.executable, str(JOB), store, "--configs", str(CONFIGS), *args],
+                              env=_env(tmp_path, rank, name, **extra), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in range(ranks)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-4000:]
+        result = json.loads(out.strip().splitlines()[-1])
+        result["stderr"] = err
+        results.append(result)
+    return results
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory) -> dict:
+    """What one rank compiles and benchmarks without the coordinator."""
+    tmp_path = tmp_path_factory.mktemp("alone")
+    (result,) = _job(tmp_path, "unused", 1, "alone", "--no-session")
+    assert Counter(result["compiles"]) == {"scale": 1, "shift": CONFIGS}, result
+    assert result["benchmarked"] == CONFIGS
+    return result
+
+
+def test_three_ranks_compile_each_kernel_and_run_each_tuning_once(tmp_path, alone):
+    """Three ranks at once: each kernel is compiled by one rank and each tuning run by one,
+    the waiting ranks compiling configs of the tuning for it; all of them run the same
+    config and hold the same cubins. A restart on empty dirs compiles and benchmarks nothing."""
+    store = f"file://{tmp_path / 'store'}"
+    results = _job(tmp_path, store, 3, "job", "--bench-s", "0.4")
+    compiles = Counter(name for r in results for name in r["compiles"])
+    assert compiles == Counter(alone["compiles"]), [r["compiles"] for r in results]  # the ranks' sum: one rank's
+    assert sum(r["benchmarked"] for r in results) == alone["benchmarked"]
+    assert {r["best"] for r in results} == {alone["best"]}
+    cubins: dict[str, set[str]] = {}
+    for r in results:
+        for path, digest in r["cubins"].items():
+            cubins.setdefault(path, set()).add(digest)
+    assert all(len(digests) == 1 for digests in cubins.values()), cubins  # one binary per kernel key
+    assert len(cubins) == 1 + CONFIGS and all(len(r["cubins"]) >= 2 for r in results), cubins
+    stats = [r["stats"] for r in results]
+    assert sum(s["triton_kernels_compiled"] for s in stats) == 1 + CONFIGS, stats
+    assert sum(s["triton_tunings_run"] for s in stats) == 1 and sum(s["triton_tunings_received"] for s in stats) == 2
+    assert all(s["triton_kernels_compiled"] + s["triton_kernels_received"] >= 2 for s in stats), stats
+    # The ranks that waited for the tuning compiled configs of it meanwhile.
+    tuner = next(s for s in stats if s["triton_tunings_run"])
+    assert sum(s["triton"]["configs_compiled_ahead"] for s in stats if s is not tuner) >= 1, stats
+    assert tuner["triton_kernels_received"] >= 1, tuner
+    assert all("triton compiled" in r["stderr"] for r in results)  # the summary line counts them
+    assert all(s["triton"]["device"] == "cpu" for s in stats)
+
+    (restart,) = _job(tmp_path, store, 1, "restart")
+    assert restart["compiles"] == [] and restart["benchmarked"] == 0, restart
+    assert restart["best"] == alone["best"] and restart["cubins"].items() <= {k: d.pop() for k, d in cubins.items()}.items()
+    assert restart["stats"]["triton_tunings_received"] == 1, restart["stats"]
+
+
+def test_a_tampered_triton_entry_is_a_miss(tmp_path, alone):
+    """Every Triton entry altered in the store: a later rank refuses each, warns, and
+    compiles and tunes everything itself."""
+    store_dir = tmp_path / "store"
+    (first,) = _job(tmp_path, f"file://{store_dir}", 1, "first")
+    assert Counter(first["compiles"]) == Counter(alone["compiles"])
+    values = [p for p in store_dir.glob("v/*/*/*/triton*/*") if p.is_file()]
+    assert len(values) == 1 + CONFIGS + 1, values  # the kernels and the tuning
+    for path in values:
+        blob = path.read_bytes()
+        path.write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
+    (second,) = _job(tmp_path, f"file://{store_dir}", 1, "second")
+    assert Counter(second["compiles"]) == Counter(alone["compiles"]) and second["benchmarked"] == CONFIGS
+    assert second["stats"]["rejected"] >= 2 and second["stats"]["triton_kernels_received"] == 0, second["stats"]
+    assert "rejected triton" in second["stderr"]
+
+
+def test_a_dead_store_means_local_triton_compiles(tmp_path, alone):
+    """A Redis port nobody listens on: each rank compiles and tunes everything itself, and the job ends."""
+    results = _job(tmp_path, f"redis://127.0.0.1:{free_port()}/0", 2, "dead")
+    for r in results:
+        assert Counter(r["compiles"]) == Counter(alone["compiles"]) and r["benchmarked"] == CONFIGS, r
+        assert r["stats"]["store_failed"] and r["stats"]["triton_kernels_received"] == 0, r["stats"]
+
+
+def test_a_users_own_triton_cache_manager_is_left_alone(tmp_path, alone):
+    """``TRITON_CACHE_MANAGER`` set by the user: Triton keeps asking the user's manager, the
+    session says it steps aside, and nothing of Triton's reaches the store."""
+    store_dir = tmp_path / "store"
+    calls = tmp_path / "calls.txt"
+    manager = Path(__file__).with_name("triton_user_manager.py")
+    results = _job(tmp_path, f"file://{store_dir}", 2, "users", TRITON_CACHE_MANAGER="triton_user_manager:Recording",
+                   PYTHONPATH=str(manager.parent), RECORDED_CALLS=str(calls))
+    for r in results:
+        assert Counter(r["compiles"]) == Counter(alone["compiles"]), r
+        assert r["stats"]["triton"] is None and r["stats"]["triton_kernels_compiled"] == 0, r["stats"]
+        assert "the user's own (triton_user_manager:Recording)" in r["stderr"], r["stderr"][-2000:]
+    assert calls.read_text().count("get_group") >= 2 * (1 + CONFIGS)
+    assert not list(store_dir.glob("v/*/*/*/triton*"))

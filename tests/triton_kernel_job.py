@@ -1,0 +1,126 @@
+"""One rank of a job that runs Triton kernels outside Inductor (``tests/test_triton_kernels.py``).
+
+    python triton_kernel_job.py STORE_URL [--no-session] [--bench-s S] [--configs N]
+
+Its own Triton cache dir is ``TRITON_CACHE_DIR``; its rank ``RANK``. Inside
+``compile_once(store=STORE_URL)`` it compiles a plain ``@triton.jit`` kernel and runs an
+``@triton.autotune``d one (N configs), through Triton's own ``JITFunction.run`` and
+``Autotuner.run``, as a library's kernel is called: both with ``warmup=True``, which compiles
+without launching. This machine has no GPU: Triton's active driver is one that targets an
+H100-class GPU (``sm_90``) and launches nothing, so Triton compiles real cubins here; the
+autotuner's benchmark (``do_bench``) runs each config's compile and sleeps ``S`` seconds
+instead of timing it, with a fixed timing per config (the 64-wide block with 2 warps wins).
+
+Prints one JSON line: Triton's compiles (``knobs.compilation.listener`` with ``cache_hit``
+False), the configs it benchmarked, the config it chose, the cubins in its cache dir (a digest
+of each, by its path there), and
+``coordinator.stats()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import time
+
+import torch
+import triton
+import triton.language as tl
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+import coordinator
+
+
+class NoGPUDriver:
+    """Triton's active driver on a machine without a GPU: it targets ``sm_90`` and launches nothing."""
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+compiles: list[str] = []
+benchmarked: list[str] = []
+BENCH_S = 0.0
+
+
+def listener(*, src, metadata, metadata_group, times, cache_hit):
+    if not cache_hit:
+        compiles.append(metadata["name"])
+
+
+def do_bench(kernel_call, quantiles=None):
+    kernel_call()  # compiles the config (warmup=True: nothing launches)
+    time.sleep(BENCH_S)
+    benchmarked.append(str(len(benchmarked)))
+    return [float(len(benchmarked))] * 3  # the first config benchmarked is the fastest
+
+
+@triton.jit
+def scale(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=mask) * 2, mask=mask)
+
+
+def tuned_kernel(configs: int):
+    choices = [triton.Config({"BLOCK": block}, num_warps=warps) for block in (64, 128, 256, 512) for warps in (2, 4)]
+
+    @triton.jit
+    def shift(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < n
+        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=mask) + 1, mask=mask)
+
+    return triton.autotune(configs=choices[:configs], key=["n"], do_bench=do_bench, cache_results=True)(shift)
+
+
+def main() -> None:
+    global BENCH_S
+    parser = argparse.ArgumentParser()
+    parser.add_argument("store")
+    parser.add_argument("--no-session", action="store_true")
+    parser.add_argument("--bench-s", type=float, default=0.0)
+    parser.add_argument("--configs", type=int, default=4)
+    args = parser.parse_args()
+    BENCH_S = args.bench_s
+    driver.set_active(NoGPUDriver())
+    knobs.compilation.listener = listener
+    shift = tuned_kernel(args.configs)
+    x, y = torch.zeros(4096), torch.zeros(4096)
+
+    def job() -> None:
+        scale.run(x, y, 4096, BLOCK=128, grid=(32,), warmup=True)
+        shift.run(x, y, 4096, grid=(1,), warmup=True)
+
+    began = time.monotonic()
+    if args.no_session:
+        job()
+        stats = None
+    else:
+        with coordinator.compile_once(store=args.store):
+            job()
+            stats = coordinator.stats()
+    cache = os.environ["TRITON_CACHE_DIR"]
+    cubins = {os.path.relpath(path, cache): hashlib.sha256(open(path, "rb").read()).hexdigest()[:16]
+              for path in glob.glob(f"{cache}/*/*.cubin")}
+    print(json.dumps({"rank": int(os.environ.get("RANK", "0")), "compiles": sorted(compiles),
+                      "benchmarked": len(benchmarked), "best": str(shift.best_config), "cubins": cubins,
+                      "seconds": round(time.monotonic() - began, 2), "stats": stats}))
+
+
+if __name__ == "__main__":
+    main()
