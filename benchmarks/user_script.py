@@ -325,7 +325,25 @@ def markdown(raw: dict) -> str:
     lines += common.table_head("N", "job", "runs", "wall (s)", "÷ stock", "step 1 (s)", "÷ stock",
                                "recompile step (s)", "÷ stock")
     lines += summary
+    lines += triton_counts(jobs)
     return "\n".join(lines) + "\n"
+
+
+def triton_counts(jobs: list[dict]) -> list[str]:
+    """Where the script reports Triton's own counts per rank (``triton_compiles``,
+    ``configs_benchmarked``: ``user_scripts/triton_ddp.py``), each job's, summed over its ranks."""
+    counted = [job for job in jobs if job.get("ranks") and "triton_compiles" in job["ranks"][0]]
+    if not counted:
+        return []
+    lines = ["", "Triton's own counts per job: kernels compiled and autotune configs benchmarked, per rank "
+             "(rank order) and summed over the ranks:", ""]
+    lines += common.table_head("N", "pair", "job", "compiled", "sum", "benchmarked", "sum")
+    for job in counted:
+        ranks = sorted(job["ranks"], key=lambda r: r["rank"])
+        compiled, benched = [r["triton_compiles"] for r in ranks], [r["configs_benchmarked"] for r in ranks]
+        lines.append(f"| {job['n']} | {job['pair']} | {job['job']} | {', '.join(map(str, compiled))} | {sum(compiled)} "
+                     f"| {', '.join(map(str, benched))} | {sum(benched)} |")
+    return lines
 
 
 def main() -> None:

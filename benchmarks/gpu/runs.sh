@@ -8,6 +8,9 @@
 #                                            # pairs (default 2), UNTIL=K stops each job after step K; JOB_ENV="--env V=1";
 #                                            # RESTART=1: each row's cold job, then the pairs are restarts (stock on its
 #                                            # dirs, ours from its file:// store on empty ones)
+#   bash benchmarks/gpu/runs.sh triton    # Triton kernels outside Inductor (user_scripts/triton_ddp.py): MODEL=fla (default)
+#                                            # or liger, N=$RANKS (default 2), rows stock ours, each row's cold job then a
+#                                            # restart pair (RESTART= turns the restarts off); carry the libraries' wheels (below)
 #   bash benchmarks/gpu/runs.sh n2        # cold start, N=2 (NCCL), rows $ROWS (default a d e c f)
 #   bash benchmarks/gpu/runs.sh n8        # cold start, N=8 emulated on 2 GPUs (gloo), rows $ROWS (default a d e);
 #                                            # JOB_LOGS=<dir> keeps each job's output (COLD_START_LOG_LEVEL=DEBUG: coordinator lines)
@@ -111,6 +114,21 @@ case "${1:?tier | user | worker-redis | n2 | n8 | large | profile8 | profile1 | 
       --rows ${ROWS:-stock ours cm} --cm-wrapper "${CM_WRAPPER:-benchmarks/user_scripts/compile_once_wrapper.py}" \
       ${UNTIL:+--until-step $UNTIL} ${RESTART:+--restart} --env HF_LOG=1 ${JOB_ENV:-} --job-logs "/tmp/jl-$label" --results-dir "$OUT" \
       --out "$OUT/$label.md" -- ${SCRIPT:-benchmarks/user_scripts/user_llama_ddp.py} ${SCRIPT_ARGS:-} 2>&1 \
+      | tee "$OUT/$label.log"
+    tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .
+    ;;
+  triton)
+    # Triton kernels outside Inductor: the user step on user_scripts/triton_ddp.py (MODEL=fla or liger), stock
+    # and ours, RESTART=1 by default (each row's cold job, then a restart pair). Carry the libraries' wheels:
+    #   python3 -m pip download --no-deps -d .whl fla-core==0.6.0 flash-linear-attention==0.6.0 liger-kernel==0.8.5 einops
+    python3 -m pip install -q --no-index --no-deps --find-links .whl fla-core flash-linear-attention liger-kernel \
+      einops 2>&1 | tail -2
+    python3 -c "import fla, liger_kernel, transformers, triton; print('fla', fla.__version__, '| transformers', transformers.__version__, '| triton', triton.__version__)"
+    label=${LABEL:-gpu-triton-${MODEL:-fla}-n${RANKS:-2}}
+    rm -rf "/tmp/jl-$label"
+    timeout "$(left)" python3 benchmarks/user_script.py --label "$label" --ranks ${RANKS:-2} --pairs ${PAIRS:-1} \
+      --rows ${ROWS:-stock ours} ${RESTART---restart} --env HF_LOG=1 ${JOB_ENV:-} --job-logs "/tmp/jl-$label" \
+      --results-dir "$OUT" --out "$OUT/$label.md" -- benchmarks/user_scripts/triton_ddp.py --model ${MODEL:-fla} 2>&1 \
       | tee "$OUT/$label.log"
     tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .
     ;;
