@@ -131,3 +131,14 @@ def test_a_users_own_triton_cache_manager_is_left_alone(tmp_path, alone):
         assert "the user's own (triton_user_manager:Recording)" in r["stderr"], r["stderr"][-2000:]
     assert calls.read_text().count("get_group") >= 2 * (1 + CONFIGS)
     assert not list(store_dir.glob("v/*/*/*/triton*"))
+
+
+def test_a_bundle_carries_triton_kernels_and_tunings(tmp_path, alone):
+    """A job's bundle holds the Triton kernels and tunings it compiled outside Inductor: a
+    later job on empty dirs that installs it, with no session, compiles and benchmarks nothing."""
+    bundles = f"file://{tmp_path / 'bundles'}"
+    (first,) = _job(tmp_path, f"file://{tmp_path / 'store'}", 1, "first", "--save-bundle", bundles)
+    assert Counter(first["compiles"]) == Counter(alone["compiles"])
+    (later,) = _job(tmp_path, "unused", 1, "later", "--no-session", "--load-bundle", bundles)
+    assert later["compiles"] == [] and later["benchmarked"] == 0, later
+    assert later["best"] == alone["best"] and later["cubins"].items() <= first["cubins"].items()

@@ -1,6 +1,7 @@
 """One rank of a job that runs Triton kernels outside Inductor (``tests/test_triton_kernels.py``).
 
     python triton_kernel_job.py STORE_URL [--no-session] [--bench-s S] [--configs N]
+                                [--save-bundle URL] [--load-bundle URL]
 
 Its own Triton cache dir is ``TRITON_CACHE_DIR``; its rank ``RANK``. Inside
 ``compile_once(store=STORE_URL)`` it compiles a plain ``@triton.jit`` kernel and runs an
@@ -14,7 +15,8 @@ instead of timing it, with a fixed timing per config (the 64-wide block with 2 w
 Prints one JSON line: Triton's compiles (``knobs.compilation.listener`` with ``cache_hit``
 False), the configs it benchmarked, the config it chose, the cubins in its cache dir (a digest
 of each, by its path there), and
-``coordinator.stats()``.
+``coordinator.stats()``. With ``--save-bundle`` it saves the session's bundle after the
+kernels; with ``--load-bundle`` it installs a bundle before them.
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ def main() -> None:
     parser.add_argument("--no-session", action="store_true")
     parser.add_argument("--bench-s", type=float, default=0.0)
     parser.add_argument("--configs", type=int, default=4)
+    parser.add_argument("--save-bundle", help="after the kernels, save the session's bundle there")
+    parser.add_argument("--load-bundle", help="before the kernels, load the bundle there")
     args = parser.parse_args()
     BENCH_S = args.bench_s
     driver.set_active(NoGPUDriver())
@@ -107,6 +111,8 @@ def main() -> None:
         shift.run(x, y, 4096, grid=(1,), warmup=True)
 
     began = time.monotonic()
+    if args.load_bundle:
+        coordinator.load_bundle(args.load_bundle)
     if args.no_session:
         job()
         stats = None
@@ -114,6 +120,8 @@ def main() -> None:
         with coordinator.compile_once(store=args.store):
             job()
             stats = coordinator.stats()
+            if args.save_bundle:
+                coordinator.save_bundle(args.save_bundle)
     cache = os.environ["TRITON_CACHE_DIR"]
     cubins = {os.path.relpath(path, cache): hashlib.sha256(open(path, "rb").read()).hexdigest()[:16]
               for path in glob.glob(f"{cache}/*/*.cubin")}

@@ -60,6 +60,13 @@ def file_cache_manager() -> type:
     return FileCacheManager
 
 
+def triton_home_cache_dir() -> str:
+    """Where Triton keeps kernels outside Inductor: ``TRITON_CACHE_DIR``, else ``~/.triton/cache``."""
+    from triton import knobs
+
+    return knobs.cache.dir
+
+
 def users_cache_manager() -> str | None:
     """The cache manager a user installed (``TRITON_CACHE_MANAGER``, or ``knobs.cache.manager_class``
     set in the script), as ``module:Class``; ``None`` where Triton uses its own."""

@@ -8,7 +8,9 @@ A bundle is one value sealed as :mod:`coordinator.protocol.integrity` seals ever
              "artifacts": {name: {"sha256", "size"}}}
     files = {"megacache": torch.compiler.save_cache_artifacts() bytes,
              "kernel/<ab>/<file>.so": compiled CPU kernel, ...,
-             "autotune/<ab>/<file>.best_config": Triton autotune result, ...}
+             "autotune/<ab>/<file>.best_config": Triton autotune result, ...,
+             "triton/<hash>/<file>": a Triton cache entry outside Inductor (a kernel, an
+                                     autotuner's timings), ...}
 
 :func:`read_bundle` checks all of it (the seal, the format, the environment, each
 artifact against the header) before anything is written.
@@ -26,7 +28,7 @@ from typing import Protocol
 
 from coordinator import _compat
 from coordinator.errors import ConfigError, EnvironmentMismatch, IntegrityError
-from coordinator.features.artifacts import AUTOTUNE_SUFFIXES, KERNEL_SUFFIXES
+from coordinator.features.artifacts import AUTOTUNE_SUFFIXES, KERNEL_SUFFIXES, TRITON_PREFIX, triton_entry_file
 from coordinator.protocol.fingerprint import describe_difference, environment, fingerprint
 from coordinator.protocol.integrity import open_sealed, seal
 
@@ -50,6 +52,9 @@ class KernelRecord(Protocol):
     files: set[str]
     compile_time_s: float
 
+    def read_triton(self) -> dict[str, bytes]:
+        """The Triton cache entries outside Inductor it compiled or received (``triton/<hash>/<file>``)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Bundle:
@@ -70,6 +75,11 @@ class Bundle:
     @property
     def autotune(self) -> dict[str, bytes]:
         return {name[len(AUTOTUNE):]: data for name, data in self.artifacts.items() if name.startswith(AUTOTUNE)}
+
+    @property
+    def triton(self) -> dict[str, bytes]:
+        """Triton cache entries outside Inductor, by ``triton/<hash>/<file>``."""
+        return {name: data for name, data in self.artifacts.items() if name.startswith(TRITON_PREFIX)}
 
     @property
     def compile_time_s(self) -> float:
@@ -96,11 +106,12 @@ def build_bundle(
     artifacts: dict[str, bytes], *, compile_time_s: float = 0.0, secret: bytes | None = None,
     env: dict[str, str] | None = None,
 ) -> bytes:
-    """Seal ``artifacts`` (``megacache``, ``kernel/<path>``, ``autotune/<path>``) into bundle bytes."""
+    """Seal ``artifacts`` (``megacache``, ``kernel/<path>``, ``autotune/<path>``, ``triton/<hash>/<file>``)
+    into bundle bytes."""
     for name in artifacts:
         kernel = name.startswith(KERNEL) and name.endswith(KERNEL_SUFFIXES)
         autotune = name.startswith(AUTOTUNE) and name.endswith(AUTOTUNE_SUFFIXES)
-        if name != "megacache" and not (kernel or autotune):
+        if name != "megacache" and not (kernel or autotune or triton_entry_file(name)):
             raise ConfigError(f"unknown bundle artifact {name!r}")
     header = {
         "format": FORMAT,
@@ -125,8 +136,9 @@ def pack_bundle(*, secret: bytes | None = None, kernels: KernelRecord | None = N
     The Mega-Cache artifacts of this process's compiles, plus what Mega-Cache leaves
     out: the compiled CPU kernels of ``kernels`` (a session's record of those it shipped
     or received; without one, or an empty one, every kernel file written to the cache
-    dir since the coordinator was imported), and the Triton autotune ``.best_config``
-    files written since then.
+    dir since the coordinator was imported), the Triton autotune ``.best_config``
+    files written since then, and the Triton cache entries outside Inductor (kernels,
+    autotuners' timings) the session compiled or received.
     """
     import torch
 
@@ -149,6 +161,8 @@ def pack_bundle(*, secret: bytes | None = None, kernels: KernelRecord | None = N
             log.warning("kernel %s vanished from the cache dir; leaving it out of the bundle", rel)
     for rel, data in collect_kernels(cache_dir, _PROCESS_SEEN, AUTOTUNE_SUFFIXES).items():
         artifacts[AUTOTUNE + rel] = data
+    if kernels is not None and hasattr(kernels, "read_triton"):
+        artifacts.update(kernels.read_triton())
     return build_bundle(artifacts, compile_time_s=compile_time, secret=secret)
 
 

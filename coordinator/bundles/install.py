@@ -1,5 +1,6 @@
-"""A verified bundle into this node's caches: kernels into the Inductor cache dir, the
-Mega-Cache into torch, once per node however many ranks ask."""
+"""A verified bundle into this node's caches: kernels into the Inductor cache dir, Triton's
+entries outside Inductor into Triton's cache dir, the Mega-Cache into torch, once per node
+however many ranks ask."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from coordinator import _compat
 from coordinator.bundles.format import Bundle
 from coordinator.bundles.keys import bundle_key
 from coordinator.bundles.transfer import fetch_bundle
-from coordinator.features.artifacts import AUTOTUNE_SUFFIXES, emit_kernels
+from coordinator.features.artifacts import AUTOTUNE_SUFFIXES, emit_kernels, emit_triton_kernels
 from coordinator.protocol.node import file_lock, record_bundled
 from coordinator.settings import Config
 
@@ -28,6 +29,8 @@ def install_bundle(bundle: Bundle) -> dict:
     cache_dir = _compat.inductor_cache_dir()
     written = emit_kernels(cache_dir, bundle.kernels)
     written += emit_kernels(cache_dir, bundle.autotune, AUTOTUNE_SUFFIXES)
+    if bundle.triton:  # where Triton looks outside Inductor (TRITON_CACHE_DIR, or its default)
+        written += emit_triton_kernels(_compat.triton_home_cache_dir(), bundle.triton)
     graphs = _compat.load_cache_artifacts(bundle.megacache) if bundle.megacache else []
     record_bundled(cache_dir, graphs)
     extension = _compat.extend_nccl_timeouts(bundle.compile_time_s)

@@ -159,6 +159,11 @@ def emit_kernels(cache_dir: str, files: dict[str, bytes], suffixes: tuple[str, .
     return written
 
 
+def triton_entry_file(name: str) -> bool:
+    """Whether ``name`` names a file of a Triton cache entry (``triton/<hash>/<file>``)."""
+    return _TRITON_REL.match(name) is not None
+
+
 def read_triton_kernel(directory: str) -> dict[str, bytes]:
     """The files of one Triton cache entry (``<triton cache dir>/<kernel hash>/``).
 
@@ -263,6 +268,9 @@ class ShippedKernels:
         #: graphs it compiled or received.
         self.files: set[str] = set()
         self.compile_time_s = 0.0
+        #: Triton cache entries (directories) of kernels and tunings outside Inductor this
+        #: rank compiled or received (``coordinator.features.triton_kernels``).
+        self.triton_entries: set[str] = set()
 
     def missed(self, key: str) -> None:
         """This thread compiles FX graph ``key`` now: kernels from here on travel with it."""
@@ -314,6 +322,17 @@ class ShippedKernels:
         if triton:
             written += emit_triton_kernels(self._triton_dir(), triton)
         return written
+
+    def record_triton(self, directory: str) -> None:
+        """A Triton cache entry outside Inductor this process compiled or received, for the job's bundle."""
+        self.triton_entries.add(directory)
+
+    def read_triton(self) -> dict[str, bytes]:
+        """Every Triton cache entry of :attr:`triton_entries`, as :func:`read_triton_kernel` reads them."""
+        files: dict[str, bytes] = {}
+        for directory in sorted(self.triton_entries):
+            files.update(read_triton_kernel(directory))
+        return files
 
     def record(self, kind: str, files: dict[str, bytes], compile_time_s: float) -> None:
         """An entry this process compiled or received, for the job's bundle: every FX

@@ -7,7 +7,8 @@ While the session runs, the cache manager Triton builds per kernel key is this f
 (``_compat.routed_triton_cache``): it keeps files where Triton's ``FileCacheManager`` does,
 and what it does not find there it asks the session for, as Inductor's cache backends do
 (``Context.get``/``put``: the node's copy, the prefetch, the persistent layer, every value
-sealed and verified, a value that fails is a miss):
+sealed and verified, a value that fails is a miss; the entries it compiled or received
+go into the job's bundle, ``ShippedKernels.record_triton``):
 
 * **a kernel's compile** (``get_group`` of its metadata): kind ``triton``, keyed by Triton's
   own hash (source, options, backend and GPU architecture, environment, Triton's version)
@@ -153,6 +154,7 @@ class TritonKernels(Feature, counts=TritonCounts):
         base = _compat.file_cache_manager()
         group = {name: base.put(manager, data, name) for name, data in files.items()}
         base.put_group(manager, filename, group)
+        self.context.kernels.record_triton(manager.cache_dir)
         return base.get_group(manager, filename)
 
     def compiled(self, manager: Any, filename: str, group: dict[str, str]) -> None:
@@ -162,6 +164,7 @@ class TritonKernels(Feature, counts=TritonCounts):
         for name, path in group.items():
             with open(path, "rb") as f:
                 files[name] = f.read()
+        self.context.kernels.record_triton(manager.cache_dir)
         self._publish(manager, KERNEL, key, msgpack.packb(files, use_bin_type=True))
 
     def fetch_tuning(self, manager: Any, filename: str) -> str | None:
@@ -172,11 +175,13 @@ class TritonKernels(Feature, counts=TritonCounts):
         if payload is None:
             self._began_now(manager, TUNING, key)
             return None
+        self.context.kernels.record_triton(manager.cache_dir)
         return _compat.file_cache_manager().put(manager, payload, filename)
 
     def tuned(self, manager: Any, filename: str, data: Any) -> None:
         """Triton saved the timings of a tuning it ran: publish them."""
         key = f"{self._device()}/{manager.key}/{filename}"
+        self.context.kernels.record_triton(manager.cache_dir)
         self._publish(manager, TUNING, key, data if isinstance(data, bytes) else str(data).encode())
 
     def _get(self, kind: str, key: str) -> bytes | None:
