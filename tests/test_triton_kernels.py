@@ -55,7 +55,7 @@ def alone(tmp_path_factory) -> dict:
     tmp_path = tmp_path_factory.mktemp("alone")
     (result,) = _job(tmp_path, "unused", 1, "alone", "--no-session")
     assert Counter(result["compiles"]) == {"scale": 1, "shift": CONFIGS}, result
-    assert result["benchmarked"] == CONFIGS
+    assert result["benchmarked"] == CONFIGS and result["module_builds"] == 1
     return result
 
 
@@ -68,6 +68,7 @@ def test_three_ranks_compile_each_kernel_and_run_each_tuning_once(tmp_path, alon
     compiles = Counter(name for r in results for name in r["compiles"])
     assert compiles == Counter(alone["compiles"]), [r["compiles"] for r in results]  # the ranks' sum: one rank's
     assert sum(r["benchmarked"] for r in results) == alone["benchmarked"]
+    assert sum(r["module_builds"] for r in results) == 1  # a host module too
     assert {r["best"] for r in results} == {alone["best"]}
     cubins: dict[str, set[str]] = {}
     for r in results:
@@ -76,7 +77,7 @@ def test_three_ranks_compile_each_kernel_and_run_each_tuning_once(tmp_path, alon
     assert all(len(digests) == 1 for digests in cubins.values()), cubins  # one binary per kernel key
     assert len(cubins) == 1 + CONFIGS and all(len(r["cubins"]) >= 2 for r in results), cubins
     stats = [r["stats"] for r in results]
-    assert sum(s["triton_kernels_compiled"] for s in stats) == 1 + CONFIGS, stats
+    assert sum(s["triton_kernels_compiled"] for s in stats) == 1 + CONFIGS + 1, stats
     assert sum(s["triton_tunings_run"] for s in stats) == 1 and sum(s["triton_tunings_received"] for s in stats) == 2
     assert all(s["triton_kernels_compiled"] + s["triton_kernels_received"] >= 2 for s in stats), stats
     # The ranks that waited for the tuning compiled configs of it meanwhile.
@@ -87,7 +88,7 @@ def test_three_ranks_compile_each_kernel_and_run_each_tuning_once(tmp_path, alon
     assert all(s["triton"]["device"] == "cpu" for s in stats)
 
     (restart,) = _job(tmp_path, store, 1, "restart")
-    assert restart["compiles"] == [] and restart["benchmarked"] == 0, restart
+    assert restart["compiles"] == [] and restart["benchmarked"] == restart["module_builds"] == 0, restart
     assert restart["best"] == alone["best"] and restart["cubins"].items() <= {k: d.pop() for k, d in cubins.items()}.items()
     assert restart["stats"]["triton_tunings_received"] == 1, restart["stats"]
 
@@ -99,12 +100,13 @@ def test_a_tampered_triton_entry_is_a_miss(tmp_path, alone):
     (first,) = _job(tmp_path, f"file://{store_dir}", 1, "first")
     assert Counter(first["compiles"]) == Counter(alone["compiles"])
     values = [p for p in store_dir.glob("v/*/*/*/triton*/*") if p.is_file()]
-    assert len(values) == 1 + CONFIGS + 1, values  # the kernels and the tuning
+    assert len(values) == 1 + CONFIGS + 1 + 1, values  # the kernels, the host module and the tuning
     for path in values:
         blob = path.read_bytes()
         path.write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
     (second,) = _job(tmp_path, f"file://{store_dir}", 1, "second")
     assert Counter(second["compiles"]) == Counter(alone["compiles"]) and second["benchmarked"] == CONFIGS
+    assert second["module_builds"] == 1
     assert second["stats"]["rejected"] >= 2 and second["stats"]["triton_kernels_received"] == 0, second["stats"]
     assert "rejected triton" in second["stderr"]
 
@@ -140,5 +142,5 @@ def test_a_bundle_carries_triton_kernels_and_tunings(tmp_path, alone):
     (first,) = _job(tmp_path, f"file://{tmp_path / 'store'}", 1, "first", "--save-bundle", bundles)
     assert Counter(first["compiles"]) == Counter(alone["compiles"])
     (later,) = _job(tmp_path, "unused", 1, "later", "--no-session", "--load-bundle", bundles)
-    assert later["compiles"] == [] and later["benchmarked"] == 0, later
+    assert later["compiles"] == [] and later["benchmarked"] == later["module_builds"] == 0, later
     assert later["best"] == alone["best"] and later["cubins"].items() <= first["cubins"].items()

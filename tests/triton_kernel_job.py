@@ -7,13 +7,14 @@ Its own Triton cache dir is ``TRITON_CACHE_DIR``; its rank ``RANK``. Inside
 ``compile_once(store=STORE_URL)`` it compiles a plain ``@triton.jit`` kernel and runs an
 ``@triton.autotune``d one (N configs), through Triton's own ``JITFunction.run`` and
 ``Autotuner.run``, as a library's kernel is called: both with ``warmup=True``, which compiles
-without launching. This machine has no GPU: Triton's active driver is one that targets an
+without launching. And it builds a small host C module through Triton's
+``compile_module_from_src``, as Triton builds a kernel's launcher. This machine has no GPU: Triton's active driver is one that targets an
 H100-class GPU (``sm_90``) and launches nothing, so Triton compiles real cubins here; the
 autotuner's benchmark (``do_bench``) runs each config's compile and sleeps ``S`` seconds
 instead of timing it, with a fixed timing per config (the 64-wide block with 2 warps wins).
 
 Prints one JSON line: Triton's compiles (``knobs.compilation.listener`` with ``cache_hit``
-False), the configs it benchmarked, the config it chose, the cubins in its cache dir (a digest
+False), the host modules it built, the configs it benchmarked, the config it chose, the cubins in its cache dir (a digest
 of each, by its path there), and
 ``coordinator.stats()``. With ``--save-bundle`` it saves the session's bundle after the
 kernels; with ``--load-bundle`` it installs a bundle before them.
@@ -55,6 +56,25 @@ class NoGPUDriver:
 
 
 compiles: list[str] = []
+module_builds: list[str] = []
+MODULE_SOURCE = """
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+static struct PyModuleDef probe = {PyModuleDef_HEAD_INIT, "coordinator_probe_module", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_coordinator_probe_module(void) { return PyModule_Create(&probe); }
+"""
+
+
+def _count_module_builds() -> None:
+    from triton.runtime import build
+
+    original = build._build
+
+    def counted(name, *args, **kwargs):
+        module_builds.append(name)
+        return original(name, *args, **kwargs)
+
+    build._build = counted
 benchmarked: list[str] = []
 BENCH_S = 0.0
 
@@ -106,9 +126,14 @@ def main() -> None:
     shift = tuned_kernel(args.configs)
     x, y = torch.zeros(4096), torch.zeros(4096)
 
+    _count_module_builds()
+
     def job() -> None:
+        from triton.runtime.build import compile_module_from_src
+
         scale.run(x, y, 4096, BLOCK=128, grid=(32,), warmup=True)
         shift.run(x, y, 4096, grid=(1,), warmup=True)
+        compile_module_from_src(MODULE_SOURCE, "coordinator_probe_module")
 
     began = time.monotonic()
     if args.load_bundle:
@@ -126,6 +151,7 @@ def main() -> None:
     cubins = {os.path.relpath(path, cache): hashlib.sha256(open(path, "rb").read()).hexdigest()[:16]
               for path in glob.glob(f"{cache}/*/*.cubin")}
     print(json.dumps({"rank": int(os.environ.get("RANK", "0")), "compiles": sorted(compiles),
+                      "module_builds": len(module_builds),
                       "benchmarked": len(benchmarked), "best": str(shift.best_config), "cubins": cubins,
                       "seconds": round(time.monotonic() - began, 2), "stats": stats}))
 

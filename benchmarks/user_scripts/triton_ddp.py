@@ -1,14 +1,18 @@
 """A user's training script whose model runs Triton kernels written outside Inductor, trained
 eagerly with DDP, 3 steps, step 3 at another sequence length. It never imports coordinator.
 
-    torchrun --nproc-per-node 2 triton_ddp.py --model fla     # flash-linear-attention's GatedDeltaNet
+    torchrun --nproc-per-node 2 triton_ddp.py --model fla-gdn # flash-linear-attention's GatedDeltaNet
+    torchrun --nproc-per-node 2 triton_ddp.py --model fla     # its DeltaNet
     torchrun --nproc-per-node 2 triton_ddp.py --model liger   # an HF Llama patched by liger-kernel
 
-* ``fla``: flash-linear-attention's ``GatedDeltaNetForCausalLM`` (the layer Qwen3-Next uses) from a
-  small config (d=512, 4 layers, 4 heads; fla-core / flash-linear-attention 0.6.0), whose
+* ``fla-gdn``: flash-linear-attention's ``GatedDeltaNetForCausalLM`` (the layer Qwen3-Next uses)
+  from a small config (d=512, 4 layers, 4 heads; fla-core / flash-linear-attention 0.6.0), whose
   kernels are mostly ``@triton.autotune``d with many configs; where its model classes do not
   import (an older transformers), the same layers stacked here (``fla.layers.GatedDeltaNet``,
-  ``fla.modules.RMSNorm``/``GatedMLP``).
+  ``fla.modules.RMSNorm``/``GatedMLP``). Its backward refuses to run on Hopper GPUs with
+  Triton 3.4 to 3.7.0 (flash-linear-attention #640: the gated ``chunk_bwd_dqkwg``).
+* ``fla``: the same with flash-linear-attention's ``DeltaNetForCausalLM`` (the delta rule without
+  its gate, most of the same kernels), which trains there.
 * ``liger``: ``LlamaForCausalLM`` (d=1024, 6 layers) after ``liger_kernel.transformers.
   apply_liger_kernel_to_llama()`` (RMSNorm, SwiGLU, RoPE, fused linear cross entropy: JIT-compiled
   Triton kernels).
@@ -58,7 +62,14 @@ def _count_benchmarks():
     Autotuner._bench = counted
 
 
-def fla_model(vocab):
+def fla_delta_net(vocab):
+    from fla.models import DeltaNetConfig, DeltaNetForCausalLM
+
+    cfg = DeltaNetConfig(hidden_size=512, num_hidden_layers=4, num_heads=4, vocab_size=vocab, fuse_cross_entropy=True)
+    return DeltaNetForCausalLM(cfg), "fla.models.DeltaNetForCausalLM"
+
+
+def fla_gated_delta_net(vocab):
     try:
         from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
 
@@ -109,9 +120,12 @@ def liger_model(vocab):
     return LlamaForCausalLM(cfg), "LlamaForCausalLM + apply_liger_kernel_to_llama"
 
 
+MODELS = {"fla": fla_delta_net, "fla-gdn": fla_gated_delta_net, "liger": liger_model}
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", choices=("fla", "liger"), default="fla")
+    parser.add_argument("--model", choices=tuple(MODELS), default="fla")
     args = parser.parse_args()
     knobs.compilation.listener = _listen
     _count_benchmarks()
@@ -122,7 +136,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     vocab = 32000
-    model, what = (fla_model if args.model == "fla" else liger_model)(vocab)
+    model, what = MODELS[args.model](vocab)
     model = model.to(device=dev, dtype=torch.bfloat16)
     model.train()
     ddp = DDP(model, device_ids=[local])

@@ -209,6 +209,7 @@ from coordinator._compat.split_graphs import (
 from coordinator._compat.structured_trace import current_compile_id, emit_structured, structured_trace_on
 from coordinator._compat.triton_cache import (
     AUTOTUNE_SUFFIX,
+    HOST_MODULE_SUFFIX,
     Tuning,
     autotuner_hooks,
     compile_config,
@@ -235,6 +236,7 @@ from coordinator._compat.versions import CHECKED_ON, FIXED_IN, torch_before, tor
 
 __all__ = [
     "AUTOTUNE_SUFFIX",
+    "HOST_MODULE_SUFFIX",
     "Tuning",
     "autotuner_hooks",
     "compile_config",

@@ -21,7 +21,8 @@ without it; the second marks the tuning while Triton looks its result up and ben
 launching it (``run(warmup=True)``).
 
 Private names: ``Autotuner.run``, ``check_disk_cache``, ``cache_results``, ``fn``,
-``configs``; ``JITFunction.run``'s ``warmup`` argument; ``knobs.cache.manager_class`` (a
+``configs``; ``JITFunction.run``'s ``warmup`` argument; the host modules' file names
+(``compile_module_from_src``: ``get_file``/``put`` of ``<name><EXT_SUFFIX>``); ``knobs.cache.manager_class`` (a
 descriptor whose instance value overrides the environment). Read from Triton 3.6.0's and
 3.8.0's sources; ran on 3.8.0 (torch 2.14.1's build, on the CPU: compiles to a GPU target
 and the cache calls) and 3.6.0 (torch 2.11, H200).
@@ -34,6 +35,7 @@ import dataclasses
 import functools
 import logging
 import os
+import sysconfig
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -42,6 +44,9 @@ log = logging.getLogger(__name__)
 
 #: The file an ``Autotuner`` keeps its timings in, per autotune key.
 AUTOTUNE_SUFFIX = ".autotune.json"
+#: The suffix of the host C modules Triton builds (``triton.runtime.build.compile_module_from_src``:
+#: ``<name><EXT_SUFFIX>``, asked with ``get_file`` and saved with ``put``).
+HOST_MODULE_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
 
 def triton_version() -> str | None:

@@ -16,6 +16,10 @@ go into the job's bundle, ``ShippedKernels.record_triton``):
   every file of the kernel, with the seconds the compile took (the others extend their NCCL
   timeouts by them). Ranks that need it meanwhile wait, then write the files into their own
   Triton cache, and Triton loads them there.
+* **a host C module** Triton builds with the host's compiler (``get_file`` of
+  ``<module><EXT_SUFFIX>``: a kernel signature's launcher, the driver's utilities): kind
+  ``triton`` too, keyed by Triton's hash of its source and the platform; a rank on empty
+  dirs loads it instead of running the host's C compiler.
 * **an autotuner's result** (``get_file`` of ``<kernel>.autotune.json``): kind
   ``triton_autotune``, keyed by Triton's hash and the GPU's name (``_compat.device_kind``):
   a result is shared only between devices of one kind (an H100 and an H200 share an
@@ -143,29 +147,49 @@ class TritonKernels(Feature, counts=TritonCounts):
         """A kernel Triton did not find on disk: from the session (written into ``manager``'s
         directory, its group returned) or ``None``: Triton compiles it (under this rank's
         claim, if it took one)."""
+        if not self._fetch_files(manager, filename):
+            return None
+        base = _compat.file_cache_manager()
+        return base.get_group(manager, filename)
+
+    def fetch_module(self, manager: Any, filename: str) -> str | None:
+        """A host C module (a kernel launcher, the driver's utilities) Triton did not find on
+        disk: from the session (its path) or ``None``: Triton builds it."""
+        return manager._make_path(filename) if self._fetch_files(manager, filename) else None
+
+    def _fetch_files(self, manager: Any, filename: str) -> bool:
+        """Write the files of ``manager``'s entry ``filename`` from the session into its
+        directory (a group file last, so a local reader never sees half of one); whether they came."""
         key = f"{manager.key}/{filename}"
         payload = self._get(KERNEL, key)
         files = _unpack(payload) if payload is not None else None
         if files is None or filename not in files:
             if payload is not None:
-                log.warning("compile_once: the Triton kernel entry %s holds no kernel; compiling it here", key)
+                log.warning("compile_once: the Triton entry %s does not hold %s; building it here", key, filename)
             self._began_now(manager, KERNEL, key)
-            return None
+            return False
         base = _compat.file_cache_manager()
-        group = {name: base.put(manager, data, name) for name, data in files.items()}
-        base.put_group(manager, filename, group)
+        paths = {name: base.put(manager, data, name) for name, data in files.items()}
+        if filename.endswith(".json"):
+            base.put_group(manager, filename, paths)
         self.context.kernels.record_triton(manager.cache_dir)
-        return base.get_group(manager, filename)
+        return True
 
     def compiled(self, manager: Any, filename: str, group: dict[str, str]) -> None:
-        """Triton saved a kernel it compiled: publish its files."""
-        key = f"{manager.key}/{filename}"
+        """Triton saved a kernel it compiled (``group``: its files' paths by name): publish them."""
         files: dict[str, bytes] = {}
         for name, path in group.items():
             with open(path, "rb") as f:
                 files[name] = f.read()
+        self._built(manager, filename, files)
+
+    def _built(self, manager: Any, filename: str, files: dict[str, bytes]) -> None:
         self.context.kernels.record_triton(manager.cache_dir)
-        self._publish(manager, KERNEL, key, msgpack.packb(files, use_bin_type=True))
+        self._publish(manager, KERNEL, f"{manager.key}/{filename}", msgpack.packb(files, use_bin_type=True))
+
+    def module_built(self, manager: Any, filename: str, data: bytes) -> None:
+        """Triton saved a host C module it built: publish it."""
+        self._built(manager, filename, {filename: data})
 
     def fetch_tuning(self, manager: Any, filename: str) -> str | None:
         """An autotune result Triton did not find on disk: from the session (written into
@@ -302,14 +326,20 @@ def _manager_class(feature: TritonKernels) -> type:
 
         def get_file(self, filename: str) -> str | None:
             path = super().get_file(filename)
-            if path is None and self._shared and filename.endswith(_compat.AUTOTUNE_SUFFIX):
-                path = feature.fetch_tuning(self, filename)
+            if path is None and self._shared:
+                if filename.endswith(_compat.AUTOTUNE_SUFFIX):
+                    path = feature.fetch_tuning(self, filename)
+                elif filename.endswith(_compat.HOST_MODULE_SUFFIX):
+                    path = feature.fetch_module(self, filename)
             return path
 
         def put(self, data: Any, filename: str, binary: bool = True) -> str:
             path = super().put(data, filename, binary=binary)
-            if self._shared and filename.endswith(_compat.AUTOTUNE_SUFFIX):
-                feature.tuned(self, filename, data)
+            if self._shared:
+                if filename.endswith(_compat.AUTOTUNE_SUFFIX):
+                    feature.tuned(self, filename, data)
+                elif filename.endswith(_compat.HOST_MODULE_SUFFIX) and isinstance(data, bytes):
+                    feature.module_built(self, filename, data)
             return path
 
     return CoordinatorCacheManager
