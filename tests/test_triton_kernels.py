@@ -64,7 +64,10 @@ def test_three_ranks_compile_each_kernel_and_run_each_tuning_once(tmp_path, alon
     the waiting ranks compiling configs of the tuning for it; all of them run the same
     config and hold the same cubins. A restart on empty dirs compiles and benchmarks nothing."""
     store = f"file://{tmp_path / 'store'}"
-    results = _job(tmp_path, store, 3, "job", "--bench-s", "0.4")
+    # Three ranks of one host (a thread each for configs on this 2-core machine) reach the
+    # tuned kernel together.
+    results = _job(tmp_path, store, 3, "job", "--bench-s", "0.2", "--barrier", str(tmp_path / "meet"),
+                   LOCAL_WORLD_SIZE="3")
     compiles = Counter(name for r in results for name in r["compiles"])
     assert compiles == Counter(alone["compiles"]), [r["compiles"] for r in results]  # the ranks' sum: one rank's
     assert sum(r["benchmarked"] for r in results) == alone["benchmarked"]
@@ -76,6 +79,9 @@ def test_three_ranks_compile_each_kernel_and_run_each_tuning_once(tmp_path, alon
             cubins.setdefault(path, set()).add(digest)
     assert all(len(digests) == 1 for digests in cubins.values()), cubins  # one binary per kernel key
     assert len(cubins) == 1 + CONFIGS and all(len(r["cubins"]) >= 2 for r in results), cubins
+    # Configs compiled at once in threads are Triton's own compiles: the same kernels, bit for bit.
+    assert {path: next(iter(digests)) for path, digests in cubins.items()} == alone["cubins"]
+    assert "coordinator-triton" in {name for r in results for name in r["compile_threads"]}, results
     stats = [r["stats"] for r in results]
     assert sum(s["triton_kernels_compiled"] for s in stats) == 1 + CONFIGS + 1, stats
     assert sum(s["triton_tunings_run"] for s in stats) == 1 and sum(s["triton_tunings_received"] for s in stats) == 2
@@ -89,7 +95,7 @@ def test_three_ranks_compile_each_kernel_and_run_each_tuning_once(tmp_path, alon
 
     (restart,) = _job(tmp_path, store, 1, "restart")
     assert restart["compiles"] == [] and restart["benchmarked"] == restart["module_builds"] == 0, restart
-    assert restart["best"] == alone["best"] and restart["cubins"].items() <= {k: d.pop() for k, d in cubins.items()}.items()
+    assert restart["best"] == alone["best"] and restart["cubins"].items() <= alone["cubins"].items()
     assert restart["stats"]["triton_tunings_received"] == 1, restart["stats"]
 
 

@@ -1,7 +1,7 @@
 """One rank of a job that runs Triton kernels outside Inductor (``tests/test_triton_kernels.py``).
 
     python triton_kernel_job.py STORE_URL [--no-session] [--bench-s S] [--configs N]
-                                [--save-bundle URL] [--load-bundle URL]
+                                [--save-bundle URL] [--load-bundle URL] [--barrier DIR]
 
 Its own Triton cache dir is ``TRITON_CACHE_DIR``; its rank ``RANK``. Inside
 ``compile_once(store=STORE_URL)`` it compiles a plain ``@triton.jit`` kernel and runs an
@@ -14,10 +14,11 @@ autotuner's benchmark (``do_bench``) runs each config's compile and sleeps ``S``
 instead of timing it, with a fixed timing per config (the 64-wide block with 2 warps wins).
 
 Prints one JSON line: Triton's compiles (``knobs.compilation.listener`` with ``cache_hit``
-False), the host modules it built, the configs it benchmarked, the config it chose, the cubins in its cache dir (a digest
+False) and the threads they ran in, the host modules it built, the configs it benchmarked, the config it chose, the cubins in its cache dir (a digest
 of each, by its path there), and
 ``coordinator.stats()``. With ``--save-bundle`` it saves the session's bundle after the
-kernels; with ``--load-bundle`` it installs a bundle before them.
+kernels; with ``--load-bundle`` it installs a bundle before them. With ``--barrier DIR`` it
+calls the tuned kernel only once every rank of the job (``WORLD_SIZE``) has reached it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import glob
 import hashlib
 import json
 import os
+import threading
 import time
 
 import torch
@@ -79,9 +81,13 @@ benchmarked: list[str] = []
 BENCH_S = 0.0
 
 
+compile_threads: set[str] = set()
+
+
 def listener(*, src, metadata, metadata_group, times, cache_hit):
     if not cache_hit:
         compiles.append(metadata["name"])
+        compile_threads.add(threading.current_thread().name.split("_")[0])
 
 
 def do_bench(kernel_call, quantiles=None):
@@ -110,6 +116,17 @@ def tuned_kernel(configs: int):
     return triton.autotune(configs=choices[:configs], key=["n"], do_bench=do_bench, cache_results=True)(shift)
 
 
+def meet(directory: str) -> None:
+    """Wait until every rank of the job has come here (files in ``directory``)."""
+    os.makedirs(directory, exist_ok=True)
+    open(os.path.join(directory, os.environ.get("RANK", "0")), "w").close()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(directory)) < int(os.environ["WORLD_SIZE"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the ranks did not all reach {directory}")
+        time.sleep(0.01)
+
+
 def main() -> None:
     global BENCH_S
     parser = argparse.ArgumentParser()
@@ -119,6 +136,7 @@ def main() -> None:
     parser.add_argument("--configs", type=int, default=4)
     parser.add_argument("--save-bundle", help="after the kernels, save the session's bundle there")
     parser.add_argument("--load-bundle", help="before the kernels, load the bundle there")
+    parser.add_argument("--barrier", help="a directory the ranks meet in before the tuned kernel")
     args = parser.parse_args()
     BENCH_S = args.bench_s
     driver.set_active(NoGPUDriver())
@@ -132,6 +150,8 @@ def main() -> None:
         from triton.runtime.build import compile_module_from_src
 
         scale.run(x, y, 4096, BLOCK=128, grid=(32,), warmup=True)
+        if args.barrier:
+            meet(args.barrier)
         shift.run(x, y, 4096, grid=(1,), warmup=True)
         compile_module_from_src(MODULE_SOURCE, "coordinator_probe_module")
 
@@ -151,7 +171,7 @@ def main() -> None:
     cubins = {os.path.relpath(path, cache): hashlib.sha256(open(path, "rb").read()).hexdigest()[:16]
               for path in glob.glob(f"{cache}/*/*.cubin")}
     print(json.dumps({"rank": int(os.environ.get("RANK", "0")), "compiles": sorted(compiles),
-                      "module_builds": len(module_builds),
+                      "module_builds": len(module_builds), "compile_threads": sorted(compile_threads),
                       "benchmarked": len(benchmarked), "best": str(shift.best_config), "cubins": cubins,
                       "seconds": round(time.monotonic() - began, 2), "stats": stats}))
 

@@ -18,7 +18,10 @@ first records each tuning (:class:`Tuning`: the kernel, its arguments, the confi
 searches) for the thread that runs it, and turns result caching on for an autotuner built
 without it; the second marks the tuning while Triton looks its result up and benchmarks.
 :func:`compile_config` compiles one config of a tuning as its benchmark would, without
-launching it (``run(warmup=True)``).
+launching it (``run(warmup=True)``); :func:`compile_configs` compiles several at once in
+threads, through Triton's ``AsyncCompileMode`` (``triton.runtime._async_compile``: the
+compile of each runs in an executor's thread, and the kernels enter the kernel cache when
+the mode exits).
 
 Private names: ``Autotuner.run``, ``check_disk_cache``, ``cache_results``, ``fn``,
 ``configs``; ``JITFunction.run``'s ``warmup`` argument; the host modules' file names
@@ -37,7 +40,7 @@ import logging
 import os
 import sysconfig
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -184,6 +187,28 @@ def compile_config(tuning: Tuning, config: Any) -> None:
     current["warmup"] = True
     current.setdefault("grid", None)
     tuning.autotuner.fn.run(*tuning.args, **current)
+
+
+def compile_configs(tuning: Tuning, configs: list, threads: int,
+                    in_each_thread: Callable[[], None] | None = None) -> None:
+    """Compile ``configs`` of ``tuning`` at once in ``threads`` threads, through Triton's own
+    ``AsyncCompileMode`` (each config's front end here, its compile in a thread; Triton's
+    compiler releases the GIL), as :func:`compile_config` compiles one: every kernel that
+    compiles lands in this process's kernel cache, where the benchmark finds it. A config
+    that fails is left to the benchmark, which meets the error itself. ``in_each_thread``
+    runs first in each thread (the threads end with the call). Inside another
+    ``AsyncCompileMode``, nothing: the caller's mode compiles what it is given."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime._async_compile import AsyncCompileMode, active_mode
+
+    if not configs or active_mode.get() is not None:
+        return
+    with ThreadPoolExecutor(max(1, min(threads, len(configs))), thread_name_prefix="coordinator-triton",
+                            initializer=in_each_thread) as pool, AsyncCompileMode(pool, ignore_errors=True):
+        for config in configs:
+            with contextlib.suppress(Exception):  # a front-end error: the benchmark meets it
+                compile_config(tuning, config)
 
 
 @functools.cache

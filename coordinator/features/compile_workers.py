@@ -61,7 +61,7 @@ class CompileWorkers(Feature, counts=WorkerCounts):
         self._asked_while_held: set[str] = set()
 
     def caches_routed(self) -> None:
-        _compat.size_compile_pool(_local_ranks())
+        _compat.size_compile_pool(local_ranks())
         prefetch = self.context.feature(Prefetch)
         if prefetch is not None and prefetch.expects_entries(INDEX_WAIT_S):
             self._release = _compat.hold_compile_pool()
@@ -93,7 +93,7 @@ class CompileWorkers(Feature, counts=WorkerCounts):
             release(start)
 
 
-def _local_ranks() -> int:
+def local_ranks() -> int:
     """The ranks on this host, as torchrun tells its workers (1 where it does not)."""
     try:
         return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))

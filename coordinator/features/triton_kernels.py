@@ -27,12 +27,16 @@ go into the job's bundle, ``ShippedKernels.record_triton``):
   others wait and take its timings. Triton keeps results only for autotuners built with
   ``cache_results``; while the session runs, every autotuner keeps them
   (``_compat.autotuner_hooks``), unless ``TRITON_CACHE_AUTOTUNING=0``.
-* **configs compiled while waiting**: a rank that waits for another rank's autotune result
-  compiles the configs that rank benchmarks, from the last one back (the tuner goes from
-  the first), each a compile lookup like any other: a config another rank holds is skipped,
-  and the work stops at one already published. The tuner loads what the waiters compiled
-  (waiting for a config still being compiled), so the configs are compiled once among them,
-  in less wall time than one rank takes.
+* **configs compiled at once, and by the ranks that wait**: the rank that tunes compiles
+  every config of the tuning before its benchmark, several at once in threads (Triton's
+  ``AsyncCompileMode``; its compiler releases the GIL), as many as its part of the host's
+  cores (``compile_pool_size``), where Triton compiles them one by one inside the
+  benchmark. A rank that waits for another rank's result compiles that tuning's configs
+  meanwhile, from the last one back (the tuner goes from the first), as many at once: each
+  is a compile lookup like any other, a config another rank holds is skipped, and the work
+  stops at one already published. The tuner loads what the waiters compiled (waiting for a
+  config still being compiled), so the configs are compiled once among the ranks, in less
+  wall time than one rank takes.
 
 Why no wait forms a cycle: a kernel's compile looks nothing up while its owner holds it
 (``CacheKind.leaf``), so a rank waits for one even while it holds claims, and such a wait
@@ -57,13 +61,14 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgpack
 
 from coordinator import _compat
 from coordinator.features.base import Feature, supported
+from coordinator.features.compile_workers import local_ranks
 from coordinator.observe.stats import Counts
 from coordinator.protocol.outcome import Outcome
 
@@ -184,6 +189,9 @@ class TritonKernels(Feature, counts=TritonCounts):
         self._built(manager, filename, files)
 
     def _built(self, manager: Any, filename: str, files: dict[str, bytes]) -> None:
+        if getattr(self._thread, "ahead", None) is not None:
+            with self._lock:
+                self.counts.configs_compiled_ahead += 1
         self.context.kernels.record_triton(manager.cache_dir)
         self._publish(manager, KERNEL, f"{manager.key}/{filename}", msgpack.packb(files, use_bin_type=True))
 
@@ -198,6 +206,9 @@ class TritonKernels(Feature, counts=TritonCounts):
         payload = self._get(TUNING, key)
         if payload is None:
             self._began_now(manager, TUNING, key)
+            tuning = _compat.tuning_now()
+            if tuning is not None:  # its configs compile at once, then the benchmark finds them built
+                _compat.compile_configs(tuning, tuning.configs, self._threads())
             return None
         self.context.kernels.record_triton(manager.cache_dir)
         return _compat.file_cache_manager().put(manager, payload, filename)
@@ -257,48 +268,54 @@ class TritonKernels(Feature, counts=TritonCounts):
         if tuning is None or len(tuning.configs) < 2:
             return None
         left = list(reversed(tuning.configs))
+        ahead = _AheadOf(tuning)
+        threads = self._threads()
 
-        def compile_next() -> bool:
-            """Compile the next config from the end that no rank has; False when none is left."""
-            while left:
-                config = left.pop(0)
-                try:
-                    with self._ahead():
-                        _compat.compile_config(tuning, config)
-                except _Ahead as stop:
-                    self.counts.configs_left += 1
-                    if str(stop) == "done":
-                        self.counts.configs_left += len(left)
-                        left.clear()
-                    continue
-                except Exception as exc:  # the tuner meets it too, and reports it
-                    log.debug("compile_once: compiling config %s of %s ahead failed: %s", config, tuning.name, exc)
-                    continue
-                self.counts.configs_compiled_ahead += 1
-                return True
-            return False
+        def compile_batch() -> bool:
+            """Compile the next configs from the end, as many at once as this rank has
+            threads; False once none is left or one was found done."""
+            if not left or ahead.done:
+                return False
+            batch, left[:] = left[:threads], left[threads:]
+            _compat.compile_configs(tuning, batch, threads, in_each_thread=lambda: self._enter_ahead(ahead))
+            return True
 
-        return compile_next
+        return compile_batch
 
-    @contextlib.contextmanager
-    def _ahead(self) -> Iterator[None]:
+    def _threads(self) -> int:
+        """Threads this rank compiles a tuning's configs in: its part of the host's cores."""
+        return _compat.compile_pool_size(_compat.host_cpus(), local_ranks())
+
+    def _enter_ahead(self, ahead: _AheadOf) -> None:
+        """Make this thread (one of a batch's, which ends with the batch) compile ahead of a tuning."""
+        self._thread.ahead = ahead
         flight = self.context.flight()
-        self._thread.ahead = True
-        try:
-            with flight.no_waits() if flight is not None else contextlib.nullcontext():
-                yield
-        finally:
-            self._thread.ahead = False
+        if flight is not None:
+            flight.no_waits().__enter__()  # for the thread's life
 
     def forbids_waits(self) -> bool:
-        return getattr(self._thread, "ahead", False)
+        return getattr(self._thread, "ahead", None) is not None
 
     def looked_up(self, flight: Any, kind: str, key: str, result: Any, rejected: bytes | None) -> Any:
-        if kind == KERNEL and getattr(self._thread, "ahead", False) and result.outcome != Outcome.CLAIMED:
+        ahead = getattr(self._thread, "ahead", None)
+        if kind == KERNEL and ahead is not None and result.outcome != Outcome.CLAIMED:
             # Ahead of a tuning, compile only what this rank claimed: a config held elsewhere
             # is left to its holder; one already done (or a store that does not answer) ends the work.
-            raise _Ahead("held" if result.outcome == Outcome.NONBLOCKING else "done")
+            with self._lock:
+                self.counts.configs_left += 1
+            if result.outcome != Outcome.NONBLOCKING:
+                ahead.done = True
+            raise _Ahead(f"{ahead.tuning.name}: {result.outcome}")
         return result
+
+
+class _AheadOf:
+    """Configs of one tuning compiled ahead by a rank waiting for its result."""
+
+    def __init__(self, tuning: Any) -> None:
+        self.tuning = tuning
+        #: A config was found done: the tuner has come this far, the rest is its.
+        self.done = False
 
 
 def _manager_class(feature: TritonKernels) -> type:
