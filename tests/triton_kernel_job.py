@@ -8,14 +8,15 @@ Its own Triton cache dir is ``TRITON_CACHE_DIR``; its rank ``RANK``. Inside
 ``@triton.autotune``d one (N configs), through Triton's own ``JITFunction.run`` and
 ``Autotuner.run``, as a library's kernel is called: both with ``warmup=True``, which compiles
 without launching. And it builds a small host C module through Triton's
-``compile_module_from_src``, as Triton builds a kernel's launcher. This machine has no GPU: Triton's active driver is one that targets an
-H100-class GPU (``sm_90``) and launches nothing, so Triton compiles real cubins here; the
-autotuner's benchmark (``do_bench``) runs each config's compile and sleeps ``S`` seconds
-instead of timing it, with a fixed timing per config (the 64-wide block with 2 warps wins).
+``compile_module_from_src``, as Triton builds a kernel's launcher. This machine has no GPU:
+Triton's active driver is one that targets an H100-class GPU (``sm_90``) and launches
+nothing, so Triton compiles real cubins here; the autotuner's benchmark (``do_bench``) runs
+each config's compile and sleeps ``S`` seconds instead of timing it, with a fixed timing per
+config (the first config benchmarked wins).
 
 Prints one JSON line: Triton's compiles (``knobs.compilation.listener`` with ``cache_hit``
-False) and the threads they ran in, the host modules it built, the configs it benchmarked, the config it chose, the cubins in its cache dir (a digest
-of each, by its path there), and
+False) and the threads they ran in, the host modules it built, the configs it benchmarked,
+the config it chose, the cubins in its cache dir (a digest of each, by its path there), and
 ``coordinator.stats()``. With ``--save-bundle`` it saves the session's bundle after the
 kernels; with ``--load-bundle`` it installs a bundle before them. With ``--barrier DIR`` it
 calls the tuned kernel only once every rank of the job (``WORLD_SIZE``) has reached it.
