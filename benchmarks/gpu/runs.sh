@@ -127,7 +127,8 @@ case "${1:?tier | user | worker-redis | n2 | n8 | large | profile8 | profile1 | 
     label=${LABEL:-gpu-triton-${MODEL:-fla}-n${RANKS:-2}}
     rm -rf "/tmp/jl-$label"
     timeout "$(left)" python3 benchmarks/user_script.py --label "$label" --ranks ${RANKS:-2} --pairs ${PAIRS:-1} \
-      --rows ${ROWS:-stock ours} ${RESTART---restart} --env HF_LOG=1 ${JOB_ENV:-} --job-logs "/tmp/jl-$label" \
+      --rows ${ROWS:-stock ours} ${RESTART---restart} ${UNTIL:+--until-step $UNTIL} --env HF_LOG=1 ${JOB_ENV:-} \
+      --job-logs "/tmp/jl-$label" \
       --results-dir "$OUT" --out "$OUT/$label.md" -- benchmarks/user_scripts/triton_ddp.py --model ${MODEL:-fla} 2>&1 \
       | tee "$OUT/$label.log"
     tar czf "$OUT/$label-job-logs.tgz" -C "/tmp/jl-$label" .

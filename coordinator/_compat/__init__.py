@@ -123,6 +123,15 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
 * ``triton_driver``: Triton's CUDA driver utilities built in the background when a session
   starts (``warm_driver_utilities``): ``triton.backends.nvidia.driver.CudaUtils``. Triton 3.6
   with 2.11.0 on an H100 (the restart benchmark); read from Triton 3.8's source (2.14.1).
+* ``triton_cache``: Triton's own cache outside Inductor (``coordinator.features.triton_kernels``):
+  ``knobs.cache.manager_class`` (set to a class for the session), ``FileCacheManager``'s
+  ``get_group``/``put_group``/``get_file``/``put`` as ``triton.compile``,
+  ``compile_module_from_src`` and ``Autotuner.check_disk_cache`` call them; ``Autotuner.run``,
+  ``check_disk_cache``, ``cache_results``, ``base_fn``, ``fn``; ``JITFunction.run(warmup=True)``;
+  ``runtime._async_compile.AsyncCompileMode``. Not torch's: Triton's, read from 3.6.0's and
+  3.8.0's sources; ran on 3.8.0 (torch 2.14.1's build, CPU tests: real ``sm_90`` compiles,
+  a driver that launches nothing) and 3.6.0 (torch 2.11, one H200: flash-linear-attention
+  and liger-kernel). Off where Triton lacks any of them (``triton_cache_unsupported``).
 * ``cpu_isa``: the libraries Inductor's probes of the CPU's vector instructions leave in the
   cache dir, which travel with CPU FX entries (``isa_probe_libraries``:
   ``cpu_vec_isa.valid_vec_isa_list``, ``VecISA._avx_code``, ``_get_isa_dry_compile_fingerprint``,
@@ -218,6 +227,7 @@ from coordinator._compat.triton_cache import (
     device_kind,
     file_cache_manager,
     routed_triton_cache,
+    triton_cache_unsupported,
     triton_home_cache_dir,
     triton_version,
     tuning_now,
@@ -246,6 +256,7 @@ __all__ = [
     "device_kind",
     "file_cache_manager",
     "routed_triton_cache",
+    "triton_cache_unsupported",
     "triton_home_cache_dir",
     "triton_version",
     "tuning_now",

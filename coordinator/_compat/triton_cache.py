@@ -61,6 +61,20 @@ def triton_version() -> str | None:
     return triton.__version__
 
 
+def triton_cache_unsupported() -> str | None:
+    """Why this Triton lacks a seam the sharing needs, or ``None``."""
+    try:
+        from triton import knobs
+        from triton.runtime._async_compile import AsyncCompileMode  # noqa: F401
+        from triton.runtime.autotuner import Autotuner
+        from triton.runtime.cache import FileCacheManager  # noqa: F401
+    except ImportError as exc:
+        return f"this Triton lacks {exc.name or exc}"
+    if not hasattr(knobs, "cache") or not hasattr(Autotuner, "check_disk_cache"):
+        return "this Triton has no cache-manager knob or autotune result cache"
+    return None
+
+
 def file_cache_manager() -> type:
     """Triton's ``FileCacheManager``, the base of a manager that keeps files where Triton does."""
     from triton.runtime.cache import FileCacheManager

@@ -57,6 +57,7 @@ stays in place: the session says so once and shares no Triton kernel outside Ind
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import threading
 import time
@@ -120,13 +121,16 @@ class TritonKernels(Feature, counts=TritonCounts):
         self._lock = threading.Lock()
 
     def enabled(self, routed: frozenset[str]) -> bool:
+        if importlib.util.find_spec("triton") is None:
+            return False  # no Triton kernel to share
         return supported(self.context.config.triton_kernels, self._unsupported,
                          "Triton kernels outside Inductor are not shared")
 
     @staticmethod
     def _unsupported() -> str | None:
-        if _compat.triton_version() is None:
-            return "Triton is not installed"
+        lacking = _compat.triton_cache_unsupported()
+        if lacking is not None:
+            return lacking
         users = _compat.users_cache_manager()
         if users is not None:
             log.warning("compile_once: Triton's cache manager is the user's own (%s): Triton kernels outside "
