@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.observe.report import write_report
 from coordinator.testing import free_port
 
 pytest.importorskip("triton", reason="Triton is installed with torch's CUDA builds (CI's second torch)")
@@ -66,8 +67,9 @@ def test_three_ranks_compile_each_kernel_and_run_each_tuning_once(tmp_path, alon
     store = f"file://{tmp_path / 'store'}"
     # Three ranks of one host (a thread each for configs on this 2-core machine) reach the
     # tuned kernel together.
+    trace = tmp_path / "trace"
     results = _job(tmp_path, store, 3, "job", "--bench-s", "0.2", "--barrier", str(tmp_path / "meet"),
-                   LOCAL_WORLD_SIZE="3")
+                   LOCAL_WORLD_SIZE="3", COORDINATOR_TRACE=str(trace))
     compiles = Counter(name for r in results for name in r["compiles"])
     assert compiles == Counter(alone["compiles"]), [r["compiles"] for r in results]  # the ranks' sum: one rank's
     assert sum(r["benchmarked"] for r in results) == alone["benchmarked"]
@@ -92,6 +94,15 @@ def test_three_ranks_compile_each_kernel_and_run_each_tuning_once(tmp_path, alon
     assert tuner["triton_kernels_received"] >= 1, tuner
     assert all("triton compiled" in r["stderr"] for r in results)  # the summary line counts them
     assert all(s["triton"]["device"] == "cpu" for s in stats)
+    # The report counts them as the ranks did, and names the device kind tunings were shared within.
+    report = write_report(trace, picture=False)
+    rows = {row.rank: row for row in report.triton}
+    for s in stats:
+        row = rows[s["rank"]]
+        assert (row.compiled, row.received, row.tuned, row.tunings_received) == (
+            s["triton_kernels_compiled"], s["triton_kernels_received"], s["triton_tunings_run"],
+            s["triton_tunings_received"]), (row, s)
+    assert {row.device for row in report.triton} == {"cpu"} and "shared within" in report.triton_table()
 
     (restart,) = _job(tmp_path, store, 1, "restart")
     assert restart["compiles"] == [] and restart["benchmarked"] == restart["module_builds"] == 0, restart
