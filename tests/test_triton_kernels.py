@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -35,9 +36,13 @@ def _env(tmp_path: Path, rank: int, name: str, **extra: str) -> dict[str, str]:
             "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"{name}-inductor"), "TMPDIR": str(tmp_path), **extra}
 
 
-def _job(tmp_path: Path, store: str, ranks: int, name: str, *args: str, **extra: str) -> list[dict]:
-    """Run ``ranks`` rank processes at once, each on an empty Triton cache dir of its own."""
-    procs = [subprocess.Popen([sys.executable, str(JOB), store, "--configs", str(CONFIGS), *args],
+def _job(tmp_path: Path, store: str, ranks: int, name: str, *args: str, per_rank: dict | None = None,
+         **extra: str) -> list[dict]:
+    """Run ``ranks`` rank processes at once, each on an empty Triton cache dir of its own
+    (``per_rank``: more arguments of some ranks)."""
+    per_rank = per_rank or {}
+    procs = [subprocess.Popen([sys.executable, str(JOB), store, "--configs", str(CONFIGS), *args,
+                               *per_rank.get(rank, ())],
                               env=_env(tmp_path, rank, name, **extra), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for rank in range(ranks)]
     results = []
@@ -161,3 +166,20 @@ def test_a_bundle_carries_triton_kernels_and_tunings(tmp_path, alone):
     (later,) = _job(tmp_path, "unused", 1, "later", "--no-session", "--load-bundle", bundles)
     assert later["compiles"] == [] and later["benchmarked"] == later["module_builds"] == 0, later
     assert later["best"] == alone["best"] and later["cubins"].items() <= first["cubins"].items()
+
+
+def test_a_compile_that_fails_releases_the_ranks_waiting_for_it(tmp_path, alone):
+    """The rank that claimed a kernel fails to compile it (a fault injected into Triton's first
+    stage): the ranks waiting for it are released at once and compile it themselves, long
+    before their deadline, and the failed rank's next call gets the kernel."""
+    began = time.monotonic()
+    results = _job(tmp_path, f"file://{tmp_path / 'store'}", 3, "failed", "--barrier", str(tmp_path / "meet"),
+                   per_rank={0: ("--fail-first-compile", "3"), 1: ("--start-after", "1"),
+                             2: ("--start-after", "1")},
+                   COORDINATOR_WAIT_TIMEOUT_S="120")
+    assert time.monotonic() - began < 90
+    failed, *waiters = results
+    assert failed["failures"] == ["injected: the compile failed"], failed
+    assert all(r["stats"]["waits"] >= 1 for r in waiters), [r["stats"] for r in waiters]
+    assert all(any(path.endswith("/scale.cubin") for path in r["cubins"]) for r in results), results
+    assert all(Counter(r["compiles"]).get("shift", 0) + r["stats"]["triton_kernels_received"] >= 1 for r in results)

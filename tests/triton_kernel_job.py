@@ -2,6 +2,7 @@
 
     python triton_kernel_job.py STORE_URL [--no-session] [--bench-s S] [--configs N]
                                 [--save-bundle URL] [--load-bundle URL] [--barrier DIR]
+                                [--fail-first-compile S] [--start-after S]
 
 Its own Triton cache dir is ``TRITON_CACHE_DIR``; its rank ``RANK``. Inside
 ``compile_once(store=STORE_URL)`` it compiles a plain ``@triton.jit`` kernel and runs an
@@ -19,7 +20,10 @@ False) and the threads they ran in, the host modules it built, the configs it be
 the config it chose, the cubins in its cache dir (a digest of each, by its path there), and
 ``coordinator.stats()``. With ``--save-bundle`` it saves the session's bundle after the
 kernels; with ``--load-bundle`` it installs a bundle before them. With ``--barrier DIR`` it
-calls the tuned kernel only once every rank of the job (``WORLD_SIZE``) has reached it.
+calls the kernels only once every rank of the job (``WORLD_SIZE``) has reached them.
+``--fail-first-compile S`` injects a fault: this rank's first Triton compile fails after S
+seconds (its first stage raises), and the rank calls the kernel again; ``--start-after S``
+calls the kernels S seconds after the barrier.
 """
 
 from __future__ import annotations
@@ -117,6 +121,23 @@ def tuned_kernel(configs: int):
     return triton.autotune(configs=choices[:configs], key=["n"], do_bench=do_bench, cache_results=True)(shift)
 
 
+failures: list[str] = []
+
+
+def fail_first_compile(after_s: float) -> None:
+    """This rank's next Triton compile fails after ``after_s`` seconds, in its first stage (a fault injected)."""
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    original = CUDABackend.__dict__["make_ttir"]  # the staticmethod itself
+
+    def failing(*args, **kwargs):
+        CUDABackend.make_ttir = original
+        time.sleep(after_s)
+        raise RuntimeError("injected: the compile failed")
+
+    CUDABackend.make_ttir = staticmethod(failing)
+
+
 def meet(directory: str) -> None:
     """Wait until every rank of the job has come here (files in ``directory``)."""
     os.makedirs(directory, exist_ok=True)
@@ -137,7 +158,9 @@ def main() -> None:
     parser.add_argument("--configs", type=int, default=4)
     parser.add_argument("--save-bundle", help="after the kernels, save the session's bundle there")
     parser.add_argument("--load-bundle", help="before the kernels, load the bundle there")
-    parser.add_argument("--barrier", help="a directory the ranks meet in before the tuned kernel")
+    parser.add_argument("--barrier", help="a directory the ranks meet in before the kernels")
+    parser.add_argument("--fail-first-compile", type=float, default=None)
+    parser.add_argument("--start-after", type=float, default=0.0)
     args = parser.parse_args()
     BENCH_S = args.bench_s
     driver.set_active(NoGPUDriver())
@@ -150,9 +173,16 @@ def main() -> None:
     def job() -> None:
         from triton.runtime.build import compile_module_from_src
 
-        scale.run(x, y, 4096, BLOCK=128, grid=(32,), warmup=True)
         if args.barrier:
             meet(args.barrier)
+        time.sleep(args.start_after)
+        if args.fail_first_compile is not None:
+            fail_first_compile(args.fail_first_compile)
+            try:
+                scale.run(x, y, 4096, BLOCK=128, grid=(32,), warmup=True)
+            except RuntimeError as exc:
+                failures.append(str(exc))
+        scale.run(x, y, 4096, BLOCK=128, grid=(32,), warmup=True)
         shift.run(x, y, 4096, grid=(1,), warmup=True)
         compile_module_from_src(MODULE_SOURCE, "coordinator_probe_module")
 
@@ -173,6 +203,7 @@ def main() -> None:
               for path in glob.glob(f"{cache}/*/*.cubin")}
     print(json.dumps({"rank": int(os.environ.get("RANK", "0")), "compiles": sorted(compiles),
                       "module_builds": len(module_builds), "compile_threads": sorted(compile_threads),
+                      "failures": failures,
                       "benchmarked": len(benchmarked), "best": str(shift.best_config), "cubins": cubins,
                       "seconds": round(time.monotonic() - began, 2), "stats": stats}))
 

@@ -241,7 +241,9 @@ class TritonKernels(Feature, counts=TritonCounts):
             self._began[store_key] = time.monotonic()
         flight = self.context.flight()
         if flight is not None and flight.claim_started(store_key) is not None:
-            manager._coordinator_unfinished = weakref.finalize(manager, self._unfinished, store_key)
+            unfinished = weakref.finalize(manager, self._unfinished, store_key)
+            unfinished.atexit = False  # at exit the session has closed, and released its claims
+            manager._coordinator_unfinished = unfinished
 
     def _publish(self, manager: Any, kind: str, key: str, data: bytes) -> None:
         unfinished = getattr(manager, "_coordinator_unfinished", None)
