@@ -198,12 +198,17 @@ def main() -> None:
             stats = coordinator.stats()
             if args.save_bundle:
                 coordinator.save_bundle(args.save_bundle)
+    # A compile that failed (or was left to another rank) must not stay in the kernel's cache,
+    # where a launch would raise its error.
+    kernel_caches = [caches[0] for caches in shift.fn.device_caches.values()]
+    failed_futures = sum(1 for cache in kernel_caches for kernel in cache.values()
+                         if getattr(kernel, "future", None) is not None and kernel.future.exception() is not None)
     cache = os.environ["TRITON_CACHE_DIR"]
     cubins = {os.path.relpath(path, cache): hashlib.sha256(open(path, "rb").read()).hexdigest()[:16]
               for path in glob.glob(f"{cache}/*/*.cubin")}
     print(json.dumps({"rank": int(os.environ.get("RANK", "0")), "compiles": sorted(compiles),
                       "module_builds": len(module_builds), "compile_threads": sorted(compile_threads),
-                      "failures": failures,
+                      "failures": failures, "failed_futures": failed_futures,
                       "benchmarked": len(benchmarked), "best": str(shift.best_config), "cubins": cubins,
                       "seconds": round(time.monotonic() - began, 2), "stats": stats}))
 

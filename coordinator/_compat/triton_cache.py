@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import os
 import sysconfig
@@ -50,15 +51,6 @@ AUTOTUNE_SUFFIX = ".autotune.json"
 #: The suffix of the host C modules Triton builds (``triton.runtime.build.compile_module_from_src``:
 #: ``<name><EXT_SUFFIX>``, asked with ``get_file`` and saved with ``put``).
 HOST_MODULE_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-
-
-def triton_version() -> str | None:
-    """Triton's version, or ``None`` where it is not installed."""
-    try:
-        import triton
-    except ImportError:
-        return None
-    return triton.__version__
 
 
 def triton_cache_unsupported() -> str | None:
@@ -125,6 +117,8 @@ class Tuning:
     autotuner: Any
     args: tuple
     kwargs: dict
+    #: Its result caching was turned on by the session, not by its author.
+    forced: bool = False
     #: The configs ``check_disk_cache`` was given (after pruning), once it runs.
     configs: list = dataclasses.field(default_factory=list)
 
@@ -148,13 +142,16 @@ def _autotuning_cache_refused() -> bool:
 
 
 @contextlib.contextmanager
-def autotuner_hooks(cache_results: bool) -> Iterator[None]:
-    """Wrap ``Autotuner.run`` and ``check_disk_cache`` for the duration.
+def autotuner_hooks(cache_results: bool, failed: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Wrap ``Autotuner.run`` and ``check_disk_cache`` for the duration; ``failed()`` is
+    called on the thread of a ``check_disk_cache`` that raises (its lookup, compiles or
+    benchmark), before the error goes on.
 
     ``cache_results``: an autotuner built without result caching caches them while the hooks
     are in (unless ``TRITON_CACHE_AUTOTUNING=0`` says otherwise), so that its result can be
     looked up; caching changes which config runs only in that a result found is used
-    instead of benchmarking again.
+    instead of benchmarking again. Where Triton's result file would not keep a config
+    exactly (``_kept_exactly``), such an autotuner benchmarks as it would without caching.
     """
     from triton import knobs
     from triton.runtime.autotuner import Autotuner
@@ -165,8 +162,8 @@ def autotuner_hooks(cache_results: bool) -> Iterator[None]:
     @functools.wraps(original_run)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         outer = getattr(_thread, "tuning", None)
-        _thread.tuning = Tuning(self, args, kwargs)
         flipped = turn_on and not self.cache_results and not knobs.runtime.interpret
+        _thread.tuning = Tuning(self, args, kwargs, forced=flipped)
         if flipped:
             self.cache_results = True
         try:
@@ -180,9 +177,15 @@ def autotuner_hooks(cache_results: bool) -> Iterator[None]:
     def check_disk_cache(self: Any, tuning_key: Any, configs: Any, bench_fn: Any) -> Any:
         tuning = getattr(_thread, "tuning", None)
         if tuning is not None and tuning.autotuner is self:
+            if tuning.forced and not _kept_exactly(configs):
+                bench_fn()  # as Triton does without result caching
+                return False
             tuning.configs = list(configs)
         try:
             return original_check(self, tuning_key, configs, bench_fn)
+        except BaseException:
+            failed()
+            raise
         finally:
             if tuning is not None:
                 tuning.configs = []
@@ -192,6 +195,16 @@ def autotuner_hooks(cache_results: bool) -> Iterator[None]:
         yield
     finally:
         Autotuner.run, Autotuner.check_disk_cache = original_run, original_check
+
+
+def _kept_exactly(configs: Any) -> bool:
+    """Whether Triton's result file keeps ``configs`` exactly: it writes each config's fields
+    as JSON and builds the configs again from it (a tuple comes back a list, an object not at
+    all), so a result read from it would name another config than the one benchmarked."""
+    try:
+        return all(json.loads(json.dumps(config.__dict__)) == config.__dict__ for config in configs)
+    except (TypeError, ValueError):
+        return False
 
 
 def compile_config(tuning: Tuning, config: Any) -> None:
@@ -204,13 +217,14 @@ def compile_config(tuning: Tuning, config: Any) -> None:
 
 
 def compile_configs(tuning: Tuning, configs: list, threads: int,
-                    in_each_thread: Callable[[], None] | None = None) -> None:
+                    each_task: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
     """Compile ``configs`` of ``tuning`` at once in ``threads`` threads, through Triton's own
     ``AsyncCompileMode`` (each config's front end here, its compile in a thread; Triton's
     compiler releases the GIL), as :func:`compile_config` compiles one: every kernel that
     compiles lands in this process's kernel cache, where the benchmark finds it. A config
-    that fails is left to the benchmark, which meets the error itself. ``in_each_thread``
-    runs first in each thread (the threads end with the call). Inside another
+    whose compile fails is left out of the kernel cache, as Triton leaves it when it compiles
+    one itself (Triton 3.8's mode keeps the failed future there): the benchmark meets the
+    error itself. Each compile runs inside ``each_task()``, in its thread. Inside another
     ``AsyncCompileMode``, nothing: the caller's mode compiles what it is given."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -218,11 +232,37 @@ def compile_configs(tuning: Tuning, configs: list, threads: int,
 
     if not configs or active_mode.get() is not None:
         return
-    with ThreadPoolExecutor(max(1, min(threads, len(configs))), thread_name_prefix="coordinator-triton",
-                            initializer=in_each_thread) as pool, AsyncCompileMode(pool, ignore_errors=True):
-        for config in configs:
-            with contextlib.suppress(Exception):  # a front-end error: the benchmark meets it
-                compile_config(tuning, config)
+
+    class Tasks(ThreadPoolExecutor):
+        def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+            def task() -> Any:
+                with each_task():
+                    return fn(*args, **kwargs)
+
+            return super().submit(task)
+
+    try:
+        with Tasks(max(1, min(threads, len(configs))), thread_name_prefix="coordinator-triton") as pool, \
+                AsyncCompileMode(pool, ignore_errors=True):
+            for config in configs:
+                with contextlib.suppress(Exception):  # a front-end error: the benchmark meets it
+                    compile_config(tuning, config)
+    finally:
+        _forget_failed_compiles(tuning.autotuner)
+
+
+def _forget_failed_compiles(autotuner: Any) -> None:
+    """Drop from the kernel's caches the compiles that failed in an ``AsyncCompileMode``
+    (Triton 3.8 caches the future at once, and a failed one raises at every launch)."""
+    fn = autotuner
+    while not hasattr(fn, "device_caches") and hasattr(fn, "fn"):
+        fn = fn.fn
+    for caches in getattr(fn, "device_caches", {}).values():
+        kernel_cache = caches[0]
+        for key, kernel in list(kernel_cache.items()):
+            future = getattr(kernel, "future", None)
+            if future is not None and future.done() and future.exception() is not None:
+                del kernel_cache[key]
 
 
 @functools.cache

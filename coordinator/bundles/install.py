@@ -29,8 +29,11 @@ def install_bundle(bundle: Bundle) -> dict:
     cache_dir = _compat.inductor_cache_dir()
     written = emit_kernels(cache_dir, bundle.kernels)
     written += emit_kernels(cache_dir, bundle.autotune, AUTOTUNE_SUFFIXES)
-    if bundle.triton:  # where Triton looks outside Inductor (TRITON_CACHE_DIR, or its default)
-        written += emit_triton_kernels(_compat.triton_home_cache_dir(), bundle.triton)
+    if bundle.triton:
+        # Where Triton looks now (TRITON_CACHE_DIR, or its default), and where it looks once
+        # Inductor has pointed TRITON_CACHE_DIR at its own dir.
+        for triton_dir in dict.fromkeys((_compat.triton_home_cache_dir(), _compat.triton_cache_dir())):
+            written += emit_triton_kernels(triton_dir, bundle.triton)
     graphs = _compat.load_cache_artifacts(bundle.megacache) if bundle.megacache else []
     record_bundled(cache_dir, graphs)
     extension = _compat.extend_nccl_timeouts(bundle.compile_time_s)

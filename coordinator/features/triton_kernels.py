@@ -44,10 +44,12 @@ ends when that compile does. A rank waits for an autotune result only while it h
 claim (the session's rule); its owner waits only for compiles. A waiting rank's own compiles
 run with no waits at all (``Singleflight.no_waits``).
 
-A kernel claimed whose compile raises (Triton never saves it) is abandoned when Triton drops
-the manager, so the ranks waiting for it compile it themselves; a tuning that raises
-abandons its key at once. Inductor's compile workers keep Triton's own file manager: the
-kernels Inductor generates travel inside its FX-graph entries.
+A kernel claimed whose compile raises (Triton never saves it), or a tuning whose benchmark
+raises, is abandoned at once, so the ranks waiting for it compute it themselves
+(``_began_now`` says where). Inductor's compile workers, other processes, keep Triton's own
+file manager: the kernels Inductor generates travel inside its FX-graph entries. Those
+Inductor compiles in the rank itself (with one compile thread, a coordinate descent's
+winner) go through this feature too, and are counted with the others.
 
 A cache manager the user installed (``TRITON_CACHE_MANAGER``, ``knobs.cache.manager_class``)
 stays in place: the session says so once and shares no Triton kernel outside Inductor.
@@ -62,7 +64,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import msgpack
@@ -115,9 +117,9 @@ class TritonKernels(Feature, counts=TritonCounts):
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
+        #: Per thread: ``claims``, the (kind, store key) this thread claimed and has not saved
+        #: yet; ``ahead``, the tuning whose configs it compiles ahead (``_AheadOf``) or None.
         self._thread = threading.local()
-        #: When this process missed each kernel or tuning it now computes (monotonic).
-        self._began: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def enabled(self, routed: frozenset[str]) -> bool:
@@ -139,7 +141,8 @@ class TritonKernels(Feature, counts=TritonCounts):
         return None
 
     def hooks(self, routed: frozenset[str]) -> Iterable[contextlib.AbstractContextManager[Any]]:
-        return [_compat.routed_triton_cache(_manager_class(self)), _compat.autotuner_hooks(cache_results=True)]
+        return [_compat.routed_triton_cache(_manager_class(self)),
+                _compat.autotuner_hooks(cache_results=True, failed=self.tuning_failed)]
 
     def _device(self) -> str:
         """The kind of device this thread tunes on, named in the summary and the report at
@@ -187,9 +190,14 @@ class TritonKernels(Feature, counts=TritonCounts):
     def compiled(self, manager: Any, filename: str, group: dict[str, str]) -> None:
         """Triton saved a kernel it compiled (``group``: its files' paths by name): publish them."""
         files: dict[str, bytes] = {}
-        for name, path in group.items():
-            with open(path, "rb") as f:
-                files[name] = f.read()
+        try:
+            for name, path in group.items():
+                with open(path, "rb") as f:
+                    files[name] = f.read()
+        except OSError as exc:  # the kernel is built here; the ranks waiting for it build it too
+            log.warning("compile_once: could not read Triton's kernel %s to publish it: %s", filename, exc)
+            self._release_thread_claims({KERNEL})
+            return
         self._built(manager, filename, files)
 
     def _built(self, manager: Any, filename: str, files: dict[str, bytes]) -> None:
@@ -212,7 +220,7 @@ class TritonKernels(Feature, counts=TritonCounts):
             self._began_now(manager, TUNING, key)
             tuning = _compat.tuning_now()
             if tuning is not None:  # its configs compile at once, then the benchmark finds them built
-                _compat.compile_configs(tuning, tuning.configs, self._threads())
+                _compat.compile_configs(tuning, tuning.configs, self._threads(), each_task=self._task)
             return None
         self.context.kernels.record_triton(manager.cache_dir)
         return _compat.file_cache_manager().put(manager, payload, filename)
@@ -234,36 +242,63 @@ class TritonKernels(Feature, counts=TritonCounts):
             return None
 
     def _began_now(self, manager: Any, kind: str, key: str) -> None:
-        """This rank computes ``key`` now; if it claimed it, the claim is abandoned should
-        Triton drop ``manager`` without saving it (the compile or the tuning raised)."""
+        """This rank computes ``key`` now (Triton compiles or tunes it next, on this thread).
+
+        A claim it took ends unsaved if Triton raises: a compile that raises in a thread of
+        ``compile_configs`` releases its thread's claims there (``_task``), a tuning that
+        raises releases its own (``tuning_failed``), and the next compile on a thread
+        releases the kernel claims a compile before it left; failing all of those, Triton
+        dropping ``manager`` releases it."""
+        manager._coordinator_began = time.monotonic()
         store_key = self.context.store_key(kind, key)
-        with self._lock:
-            self._began[store_key] = time.monotonic()
+        flight = self.context.flight()
+        if kind == KERNEL:  # a kernel's compile never runs inside another's on one thread
+            self._release_thread_claims({KERNEL})
+        if flight is None or flight.claim_started(store_key) is None:
+            return
+        self._thread_claims().append((kind, store_key))
+        unfinished = weakref.finalize(manager, self._abandon, store_key)
+        unfinished.atexit = False  # at exit the session has closed, and released its claims
+        manager._coordinator_unfinished = unfinished
+
+    def _thread_claims(self) -> list[tuple[str, str]]:
+        claims = getattr(self._thread, "claims", None)
+        if claims is None:
+            claims = self._thread.claims = []
+        return claims
+
+    def _release_thread_claims(self, kinds: set[str]) -> None:
+        """Abandon the claims of ``kinds`` this thread took and did not save."""
+        claims = self._thread_claims()
+        for kind, store_key in [claim for claim in claims if claim[0] in kinds]:
+            claims.remove((kind, store_key))
+            self._abandon(store_key)
+
+    def tuning_failed(self) -> None:
+        """A tuning raised on this thread (its benchmark, or its compiles)."""
+        self._release_thread_claims({KERNEL, TUNING})
+
+    def _abandon(self, store_key: str) -> None:
         flight = self.context.flight()
         if flight is not None and flight.claim_started(store_key) is not None:
-            unfinished = weakref.finalize(manager, self._unfinished, store_key)
-            unfinished.atexit = False  # at exit the session has closed, and released its claims
-            manager._coordinator_unfinished = unfinished
+            log.debug("compile_once: %s was claimed and never saved; its waiters compute it", store_key)
+            flight.abandon(store_key)
 
     def _publish(self, manager: Any, kind: str, key: str, data: bytes) -> None:
         unfinished = getattr(manager, "_coordinator_unfinished", None)
         if unfinished is not None:
             unfinished.detach()
-        with self._lock:
-            began = self._began.pop(self.context.store_key(kind, key), None)
+        store_key = self.context.store_key(kind, key)
+        claims = self._thread_claims()
+        if (kind, store_key) in claims:
+            claims.remove((kind, store_key))
+        began = getattr(manager, "_coordinator_began", None)
         meta = {"time_taken_ms": int((time.monotonic() - began) * 1000)} if began is not None else None
         try:
             self.context.put(kind, key, data, meta)
-        except Exception:  # never fail a kernel's compile
+        except Exception:  # never fail a kernel's compile; its waiters compute it
             log.warning("compile_once: publishing Triton's %s entry %s failed", kind, key, exc_info=True)
-
-    def _unfinished(self, store_key: str) -> None:
-        with self._lock:
-            self._began.pop(store_key, None)
-        flight = self.context.flight()
-        if flight is not None and flight.claim_started(store_key) is not None:
-            log.debug("compile_once: %s was claimed and never saved; its waiters compute it", store_key)
-            flight.abandon(store_key)
+            self._abandon(store_key)
 
     # -- configs compiled while waiting for a tuning ------------------------------------------
 
@@ -283,7 +318,7 @@ class TritonKernels(Feature, counts=TritonCounts):
             if not left or ahead.done:
                 return False
             batch, left[:] = left[:threads], left[threads:]
-            _compat.compile_configs(tuning, batch, threads, in_each_thread=lambda: self._enter_ahead(ahead))
+            _compat.compile_configs(tuning, batch, threads, each_task=lambda: self._task(ahead))
             return True
 
         return compile_batch
@@ -292,12 +327,20 @@ class TritonKernels(Feature, counts=TritonCounts):
         """Threads this rank compiles a tuning's configs in: its part of the host's cores."""
         return _compat.compile_pool_size(_compat.host_cpus(), local_ranks())
 
-    def _enter_ahead(self, ahead: _AheadOf) -> None:
-        """Make this thread (one of a batch's, which ends with the batch) compile ahead of a tuning."""
-        self._thread.ahead = ahead
+    @contextlib.contextmanager
+    def _task(self, ahead: _AheadOf | None = None) -> Iterator[None]:
+        """One config's compile in a thread of ``compile_configs``: ahead of another rank's
+        tuning (``ahead``), with no waits at all; a compile that raises releases its claims."""
         flight = self.context.flight()
-        if flight is not None:
-            flight.no_waits().__enter__()  # for the thread's life
+        self._thread.ahead = ahead
+        try:
+            with flight.no_waits() if flight is not None and ahead is not None else contextlib.nullcontext():
+                yield
+        except BaseException:
+            self._release_thread_claims({KERNEL})
+            raise
+        finally:
+            self._thread.ahead = None
 
     def forbids_waits(self) -> bool:
         return getattr(self._thread, "ahead", None) is not None
