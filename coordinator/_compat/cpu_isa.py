@@ -18,8 +18,10 @@ process probed), ``supported_vec_isa_list``, the probes' sources (``VecISA._avx_
 ``VecAVX512._avx512_bf16_code``, ``VecAVX512VNNI._avx512_vnni_code``, ``VecAMX._amx_code``,
 ``_amx_fp16_code``) and the flags their checks add, ``build_arch_flags`` (``_arch_flags`` before it),
 ``_get_isa_dry_compile_fingerprint``; ``codecache.get_hash`` and ``get_path`` (the key and
-path ``codecache.write`` gives the probe's source; the library lies beside it). Read from
-the sources of 2.11.0, 2.13.0 and 2.14.1; ran on 2.13.0 and 2.14.1 (CPU tests).
+path ``codecache.write`` gives the probe's source; the library lies beside it). The base
+probe read from the sources of 2.11.0, 2.13.0 and 2.14.1, the extensions' probes from
+2.13.0's and 2.14.1's; ran on 2.13.0 and 2.14.1 (CPU tests, an AVX-512 CPU with BF16, VNNI
+and AMX).
 """
 
 from __future__ import annotations

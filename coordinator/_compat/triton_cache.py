@@ -119,7 +119,7 @@ class Tuning:
     kwargs: dict
     #: Its result caching was turned on by the session, not by its author.
     forced: bool = False
-    #: The configs ``check_disk_cache`` was given (after pruning), once it runs.
+    #: The configs ``check_disk_cache`` was given (after pruning).
     configs: list = dataclasses.field(default_factory=list)
 
     @property
@@ -132,8 +132,7 @@ _thread = threading.local()
 
 def tuning_now() -> Tuning | None:
     """The tuning this thread looks up or benchmarks now (inside ``check_disk_cache``), if any."""
-    tuning = getattr(_thread, "tuning", None)
-    return tuning if tuning is not None and tuning.configs else None
+    return getattr(_thread, "tuning", None)
 
 
 def _autotuning_cache_refused() -> bool:
@@ -161,9 +160,11 @@ def autotuner_hooks(cache_results: bool, failed: Callable[[], None] = lambda: No
 
     @functools.wraps(original_run)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        outer = getattr(_thread, "tuning", None)
+        # At every launch: only what a tuning needs is kept, and a Tuning is built only when
+        # the launch tunes (check_disk_cache).
+        outer = getattr(_thread, "run", None)
         flipped = turn_on and not self.cache_results and not knobs.runtime.interpret
-        _thread.tuning = Tuning(self, args, kwargs, forced=flipped)
+        _thread.run = (self, args, kwargs, flipped)
         if flipped:
             self.cache_results = True
         try:
@@ -171,24 +172,24 @@ def autotuner_hooks(cache_results: bool, failed: Callable[[], None] = lambda: No
         finally:
             if flipped:
                 self.cache_results = False
-            _thread.tuning = outer
+            _thread.run = outer
 
     @functools.wraps(original_check)
     def check_disk_cache(self: Any, tuning_key: Any, configs: Any, bench_fn: Any) -> Any:
-        tuning = getattr(_thread, "tuning", None)
-        if tuning is not None and tuning.autotuner is self:
-            if tuning.forced and not _kept_exactly(configs):
+        launch = getattr(_thread, "run", None)
+        outer = getattr(_thread, "tuning", None)
+        if launch is not None and launch[0] is self:
+            if launch[3] and not _kept_exactly(configs):
                 bench_fn()  # as Triton does without result caching
                 return False
-            tuning.configs = list(configs)
+            _thread.tuning = Tuning(self, launch[1], launch[2], forced=launch[3], configs=list(configs))
         try:
             return original_check(self, tuning_key, configs, bench_fn)
         except BaseException:
             failed()
             raise
         finally:
-            if tuning is not None:
-                tuning.configs = []
+            _thread.tuning = outer
 
     Autotuner.run, Autotuner.check_disk_cache = run, check_disk_cache
     try:
