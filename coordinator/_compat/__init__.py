@@ -20,8 +20,12 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
 * ``caches``: routing Inductor's remote caches (``routed_remote_caches``):
   ``remote_cache.Remote*Cache.backend_override_cls``, the ``*_remote_cache`` switches,
   ``bundle_triton_into_fx_graph_cache``, ``AOTAutogradCache.get_remote_cache``; keeping
-  compile workers' jobs off Redis (``compile_workers``); compile-end callbacks
-  (``callback_handler``); cache dirs; whether AOTAutograd entries hold their graphs
+  compile workers' jobs off Redis (``compile_workers``); compile-start and compile-end
+  callbacks (``callback_handler``'s ``register_start_callback``/``start_callbacks``, which
+  start a session's compile part inside Dynamo's first compile: ran on 2.13.0 and 2.14.1,
+  CPU tests); cache dirs (``inductor_cache_dir`` names the dir as
+  ``cache_dir_utils.cache_dir``/``default_cache_dir`` do, without importing Inductor:
+  compared with torch's own on both CI legs, ``tests/test_first_compile.py``); whether AOTAutograd entries hold their graphs
   (``autograd_cache.should_bundle_autograd_cache``), and so whether a hit of one saves
   its recorded compile time (``hit_saves_compile``: AOTAutograd's ``time_taken_ms`` spans
   from its lookup to the end of its compiles, read from 2.13.0's ``graph_compile``);
@@ -142,7 +146,7 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   (``compile_jobs_without_redis``: ``SubprocPool.submit``, ``TrackedProcessPoolExecutor.submit``,
   ``_worker_compile_triton``'s ``extra_env``); a rank's part of the host's cores as its
   ``compile_threads`` (``size_compile_pool``: ``config.compile_threads``,
-  ``AsyncCompile.process_pool``'s cache); the pool started when a session starts, on a GPU
+  ``AsyncCompile.process_pool``'s cache); the pool started when a session's compile part starts, on a GPU
   (``warm_compile_pool``: ``async_compile.maybe_warm_pool``); the pool held back, with
   ``compile_threads`` at 1, until a restart's first miss (``hold_compile_pool``:
   ``get_compile_threads``' readers). Read from the sources of 2.11.0,
@@ -167,6 +171,7 @@ from coordinator._compat.caches import (
     inductor_cache_dir,
     load_cache_artifacts,
     on_compile_end,
+    on_compile_start,
     process_compile_seconds,
     remote_cache_backend_base,
     routable_kinds,
@@ -307,6 +312,7 @@ __all__ = [
     "kernel_autotune_cache",
     "load_cache_artifacts",
     "on_compile_end",
+    "on_compile_start",
     "pool_started",
     "precompile_unsupported",
     "precompiled_functions",

@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -235,6 +236,24 @@ def _clear_cached_remote_caches() -> None:
         log.debug("AOTAutogradCache.get_remote_cache is not memoized in this torch")
 
 
+def on_compile_start(callback: Callable[[], None]) -> Callable[[], None]:
+    """Call ``callback`` whenever an outermost Dynamo compile starts (a frame, before it is
+    traced; a lazy backward), inside the compile; returns what removes it. Dynamo runs its
+    start callbacks under a lock it does not re-enter: ``callback`` must not compile."""
+    from torch._dynamo.callback import callback_handler
+
+    def adapter(_args: Any = None) -> None:
+        callback()
+
+    callback_handler.register_start_callback(adapter)
+
+    def remove() -> None:
+        with contextlib.suppress(ValueError):
+            callback_handler.start_callbacks.remove(adapter)
+
+    return remove
+
+
 @contextlib.contextmanager
 def on_compile_end(callback: Callable[[], None]) -> Iterator[None]:
     """Call ``callback`` whenever an outermost torch.compile compilation ends.
@@ -256,17 +275,34 @@ def on_compile_end(callback: Callable[[], None]) -> Iterator[None]:
 
 
 def default_cache_dir(user: str) -> str:
-    """Inductor's cache dir for ``user`` when ``TORCHINDUCTOR_CACHE_DIR`` is unset."""
+    """Inductor's cache dir for ``user`` when ``TORCHINDUCTOR_CACHE_DIR`` is unset, as
+    ``torch._inductor.runtime.cache_dir_utils.default_cache_dir`` names it (2.11-2.14)."""
     import tempfile
 
-    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+    from torch._environment import is_fbcode
+
+    sanitized = re.sub(r'[\\/:*?"<>|]', "_", user)
+    return os.path.join("/var/tmp" if is_fbcode() else tempfile.gettempdir(), f"torchinductor_{sanitized}")
+
+
+def _user() -> str:
+    """The user name Inductor's default cache dir is named after (its own fallback included)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        getuid = getattr(os, "getuid", None)
+        return f"uid_{getuid()}" if callable(getuid) else "unknown_user"
 
 
 def inductor_cache_dir() -> str:
-    """Inductor's local cache directory (``TORCHINDUCTOR_CACHE_DIR`` or its default)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return cache_dir()
+    """Inductor's local cache directory, as Inductor's ``cache_dir()`` names it
+    (``TORCHINDUCTOR_CACHE_DIR``, else its default), without its side effects: importing
+    Inductor (and Dynamo with it, over a second), setting ``TORCHINDUCTOR_CACHE_DIR`` and
+    creating the directory. A process that only runs Triton kernels never touches Inductor."""
+    directory = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return os.path.abspath(default_cache_dir(_user()) if directory is None else directory)
 
 
 def process_compile_seconds() -> float:

@@ -95,7 +95,8 @@ def users_cache_manager() -> str | None:
 
 @contextlib.contextmanager
 def routed_triton_cache(manager: type) -> Iterator[None]:
-    """Make Triton build ``manager`` for every kernel key for the duration."""
+    """Make Triton build ``manager`` for every kernel key for the duration; at the end the
+    knob is as it was, unless the script set a class of its own meanwhile, which stays."""
     from triton import knobs
 
     missing = object()
@@ -104,10 +105,11 @@ def routed_triton_cache(manager: type) -> Iterator[None]:
     try:
         yield
     finally:
-        if before is missing:
-            knobs.cache.__dict__.pop("manager_class", None)
-        else:
-            knobs.cache.__dict__["manager_class"] = before
+        if knobs.cache.__dict__.get("manager_class") is manager:  # one the script set since stays
+            if before is missing:
+                knobs.cache.__dict__.pop("manager_class", None)
+            else:
+                knobs.cache.__dict__["manager_class"] = before
 
 
 @dataclasses.dataclass(eq=False)

@@ -3,29 +3,25 @@
 The first time a process makes Triton's CUDA driver (at its first kernel load), Triton
 compiles a small C module, ``cuda_utils`` (loading cubins, device properties, launches),
 into its cache dir with the host's C compiler, unless the dir already holds it. A restart
-on an empty cache dir pays that build inside its first graph's load. :func:`warm_driver_utilities`
-builds it in a background thread when a session starts, into the dir Inductor will point
-Triton at, so that the load finds it there. Triton's cache is keyed by the module's source,
-so a build that races the driver's own only writes the same file twice.
-
+on an empty cache dir pays that build inside its first graph's load.
+:func:`warm_driver_utilities` builds it in a background thread when a session's compile
+part starts (the script called ``torch.compile``), where Triton would build it then: its
+own cache dir (``TRITON_CACHE_DIR`` as the process has it; this sets nothing), through
+the session's Triton cache manager where that is in (``coordinator.features.triton_kernels``:
+a rank on empty dirs loads the module another rank built). Triton's cache is keyed by the
+module's source, so a build that races the driver's own only writes the same file twice.
 Only where the process sees one CUDA GPU (``coordinator-run`` and ``torchrun
---virtual-local-rank`` show each worker its GPU as device 0): Inductor sets
-``TRITON_CACHE_DIR``, when unset, to ``<Inductor cache dir>/triton/<device of the first
-kernel>``, and with one device that is device 0, so it is set here the same way first.
+--virtual-local-rank`` show each worker its GPU as device 0).
 
 Private names: ``triton.backends.nvidia.driver.CudaUtils`` (a singleton whose constructor
-builds and loads ``cuda_utils``); Inductor's ``triton_cache_dir`` (``triton_tuning``).
-Triton 3.6 (torch 2.11, H100 and H200) and 3.8 (torch 2.14.1's CUDA build, read, not run:
-no GPU on the CPU machines).
+builds and loads ``cuda_utils``). Triton 3.6 (torch 2.11, H100 and H200) and 3.8 (torch
+2.14.1's CUDA build, read, not run: no GPU on the CPU machines).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
-
-from coordinator._compat.triton_tuning import triton_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +37,6 @@ def warm_driver_utilities() -> threading.Thread | None:
         from triton.backends.nvidia.driver import CudaUtils
     except ImportError:
         return None
-    if os.environ.get("TRITON_CACHE_DIR") is None:
-        os.environ["TRITON_CACHE_DIR"] = triton_cache_dir(0)
 
     def build() -> None:
         try:
