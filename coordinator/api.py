@@ -8,6 +8,10 @@ compiles (usually the whole training loop)::
         model = torch.compile(model)
         train(model)
 
+Entering it costs nothing more than its settings' check: the session starts at the first
+sign of a compile (``coordinator.starts``), and a script that compiles nothing inside it
+pays nothing and logs no summary.
+
 A launcher can switch the same thing on with no code change: with the ``enable``
 setting on in the environment (``coordinator.settings.JobSettings``), :func:`enable_from_env`
 (called from ``coordinator/_site/sitecustomize.py``) enters ``compile_once`` for the life
@@ -28,10 +32,10 @@ from typing import Any
 
 from coordinator.bundles.keys import use_session_lookup
 from coordinator.errors import ConfigError
-from coordinator.inductor import route_caches
 from coordinator.observe.logs import show_coordinator_logs, show_logs_unless_configured
 from coordinator.session import Session
 from coordinator.settings import Config, JobSettings, shown_url, take_enable_switch
+from coordinator.starts import SessionStarts
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +94,19 @@ def compile_once(store: Any = None, *, config: Config | None = None, **settings:
         log.debug("compile_once: joining the session already active in this process")
         yield active  # the outer compile_once closes it
         return
-    session = Session(config)
+    session = Session(config, parts=())
     _active = session
     try:
-        with route_caches(session):
+        with SessionStarts(session):
             yield session
     finally:
         session.close()
         _active, _last = None, session
-        log.info("%s", session.stats.summary())
-        log.debug("%s", session.stats.details())
+        if session.started:
+            log.info("%s", session.stats.summary())
+            log.debug("%s", session.stats.details())
+        else:
+            log.debug("compile_once: nothing compiled or looked up in this process; the session never started")
 
 
 def _rank_for_logs() -> int | None:
@@ -142,6 +149,17 @@ def enable_from_env() -> bool:
     """
     if not take_enable_switch():
         return False
+    enter_for_process()
+    return True
+
+
+def enter_for_process() -> None:
+    """Enter ``compile_once`` until the process exits (``enable_from_env``, once the switch
+    is taken: ``coordinator/_site/sitecustomize.py`` takes it as the process starts).
+
+    Raises:
+        ConfigError: a setting is invalid.
+    """
     job = JobSettings.resolve(names=("log_level", "save_bundle", "bundle_name"))
     show_coordinator_logs(job.log_level, rank=_rank_for_logs)
     context = compile_once()
@@ -150,8 +168,8 @@ def enable_from_env() -> bool:
     if job.save_bundle and os.environ.get("RANK", "0") == "0":
         # Registered after the exit above, so it runs first (atexit is last-in, first-out).
         atexit.register(_save_bundle_at_exit, job.save_bundle, job.bundle_name, session)
-        threading.Thread(target=_connect, args=(job.save_bundle,), name="coordinator-connect", daemon=True).start()
-    return True
+        session.when_started(lambda: threading.Thread(target=_connect, args=(job.save_bundle,),
+                                                      name="coordinator-connect", daemon=True).start())
 
 
 def _connect(url: str) -> None:
@@ -169,6 +187,9 @@ def _connect(url: str) -> None:
 def _save_bundle_at_exit(url: str, name: str, session: Session) -> None:
     from coordinator.bundles import save_bundle
 
+    if not session.started:
+        log.debug("compile_once: nothing compiled; no bundle saved to %s", shown_url(url))
+        return
     try:
         save_bundle(url, name=name, config=session.config, kernels=session.kernels)
     except Exception as exc:  # the job is done; never turn that into a failure

@@ -8,21 +8,19 @@ consult those caches; ``_compat.routed_remote_caches`` restores it all on exit. 
 keeps doing what it does on any remote hit: emit bundled Triton kernels, extend NCCL
 timeouts.
 
-Besides the backends, :func:`route_caches` installs what every session needs: Inductor's
-switches that run collectives inside a compile are off (``_compat.collective_switches_off``:
-only one rank compiles each graph); the FX graphs of remote hits are kept in Inductor's
-local cache, which it does not do itself (``_compat.fx_graph_lookups``), so a repeated
-graph is received once; an FX entry bundles only the Triton kernels its code launches
-(``_compat.bundles_of_final_kernels``) and, on CPU, the C++ kernels its code loads
-(``_compat.cpu_kernels_resolved``); the end of each compile and each backward graph
-AOTAutograd defers are reported to the session. Then the hooks of each compile feature
-on in the session (``coordinator.features``). On a GPU, Triton's driver utilities are
-built in the background as the session starts (``_compat.warm_driver_utilities``), not at
-the first kernel load; once the hooks are in, each feature is told
-(``Feature.caches_routed``): this rank's compile workers are sized and started then, or
-held back in a restart (``coordinator.features.compile_workers``). Every Triton compile
-job they run while autotune caches are routed is kept off Inductor's Redis, whenever the
-pool started (``_compat.compile_jobs_without_redis``).
+Besides the backends, :func:`compile_hooks` gives what every session installs when its
+compile part starts (``coordinator.starts``, after the compile features' own hooks):
+Inductor's switches that run collectives inside a compile are off
+(``_compat.collective_switches_off``: only one rank compiles each graph); the FX graphs of
+remote hits are kept in Inductor's local cache, which it does not do itself
+(``_compat.fx_graph_lookups``), so a repeated graph is received once; an FX entry bundles
+only the Triton kernels its code launches (``_compat.bundles_of_final_kernels``) and, on
+CPU, the C++ kernels its code loads (``_compat.cpu_kernels_resolved``); the end of each
+compile and each backward graph AOTAutograd defers are reported to the session. On a GPU,
+Triton's driver utilities are built in the background then
+(``_compat.warm_driver_utilities``), not at the first kernel load. Every Triton compile
+job Inductor's compile workers run while autotune caches are routed is kept off Inductor's
+Redis, whenever the pool started (``_compat.compile_jobs_without_redis``).
 """
 
 from __future__ import annotations
@@ -68,20 +66,23 @@ def _overridden(session: Session, method: str) -> bool:
     return any(getattr(type(feature), method) is not getattr(Feature, method) for feature in session.features)
 
 
-def _core_hooks(session: Session, backends: dict[str, type]) -> list[contextlib.AbstractContextManager]:
-    """What every session installs, whatever its features."""
+def compile_hooks(session: Session) -> list[contextlib.AbstractContextManager]:
+    """What every session installs when its compile part starts, whatever its features
+    (theirs come first: ``coordinator.starts``)."""
+    _compat.warm_driver_utilities()  # a restart's first kernel load finds Triton's driver built
+    backends = {kind: _backend_class(session, kind) for kind in sorted(session.routed)}
     graphs = any(_compat.CACHE_KINDS[kind].graphs for kind in backends)
-    features = session.features
     served = None
     if _overridden(session, "served_locally"):
         def served(*args, **kwargs) -> None:
-            for feature in features:
+            for feature in session.features:
                 feature.served_locally(*args, **kwargs)
 
     def keep_locally(local_key: str) -> bool:
-        return all(feature.keeps_locally(local_key) for feature in features)
+        return all(feature.keeps_locally(local_key) for feature in session.features)
 
     hooks = [
+        _aot_autograd_hits_counted(session),
         _compat.collective_switches_off(),
         _compat.routed_remote_caches(backends),
         _compat.on_compile_end(session.compile_ended),
@@ -96,18 +97,8 @@ def _core_hooks(session: Session, backends: dict[str, type]) -> list[contextlib.
 
 
 @contextlib.contextmanager
-def route_caches(session: Session) -> Iterator[None]:
-    """Send the session's configured Inductor caches through it for the duration."""
-    _compat.warm_driver_utilities()  # a restart's first kernel load finds Triton's driver built
-    backends = {kind: _backend_class(session, kind) for kind in sorted(session.routed)}
-    aot_hits_before = _compat.aot_autograd_cache_hits()
-    session.stats.aot_autograd_hits = lambda: _compat.aot_autograd_cache_hits() - aot_hits_before
-    with contextlib.ExitStack() as stack:
-        for feature in session.features:
-            for hook in feature.hooks(session.routed):
-                stack.enter_context(hook)
-        for hook in _core_hooks(session, backends):
-            stack.enter_context(hook)
-        for feature in session.features:
-            feature.caches_routed()  # compile workers start once the hooks keep their jobs off Redis
-        yield
+def _aot_autograd_hits_counted(session: Session) -> Iterator[None]:
+    """The session's count of AOTAutograd's cache hits: those from now on."""
+    before = _compat.aot_autograd_cache_hits()
+    session.stats.aot_autograd_hits = lambda: _compat.aot_autograd_cache_hits() - before
+    yield

@@ -9,10 +9,11 @@ cache kind is in the kind's record (``_compat.KINDS``); what a compile feature a
 :class:`~coordinator.features.base.Feature` names, given a
 :class:`~coordinator.features.base.Context` of its ``Session``, which names neither.
 
-It opens its store lazily, at the first cache access: the training script usually enters
-``compile_once`` before or right after ``init_process_group``, and the default store
-exists only after it. A value that fails verification is never unpickled: it counts as
-missing, one rank compiles it again and the others wait for that
+Its features start by part (``coordinator.starts``): nothing at all until the first sign
+of a compile. It opens its store lazily, at the first cache access: the training script
+usually enters ``compile_once`` before or right after ``init_process_group``, and the
+default store exists only after it. A value that fails verification is never unpickled:
+it counts as missing, one rank compiles it again and the others wait for that
 (``Singleflight.lookup``'s ``rejected``).
 """
 
@@ -25,12 +26,13 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from coordinator import _compat
 from coordinator import features as feature_registry
 from coordinator.errors import ConfigError, IntegrityError, StoreError
-from coordinator.features import Context, Feature
+from coordinator.features import Context, Feature, Part
 from coordinator.features.artifacts import ShippedKernels
 from coordinator.observe.stats import Stats
 from coordinator.observe.trace import open_events, short_key
@@ -72,9 +74,16 @@ def _current_rank() -> int:
 
 
 class Session:
-    """Routes one process's Inductor cache traffic through a shared store."""
+    """Routes one process's Inductor cache traffic through a shared store.
 
-    def __init__(self, config: Config) -> None:
+    Its features start by part (``Feature.part``): :meth:`enable` turns a part's features on
+    (the core's first); ``coordinator.starts`` calls it at the first sign that a part is
+    needed, and installs the part's hooks. A session built with ``parts`` has those on from
+    the start (the default, for a session used directly: every part). Its first lookup or
+    publish turns the core on, whatever started first.
+    """
+
+    def __init__(self, config: Config, *, parts: tuple[Part, ...] = tuple(Part)) -> None:
         self.config = config
         self.stats = Stats(_current_rank())
         self.stats.store = _store_name(config.store)
@@ -90,16 +99,72 @@ class Session:
         self._devices: DeviceIndices | None = None
         self.kernels = ShippedKernels(_compat.inductor_cache_dir, _compat.triton_cache_dir, _cuda,
                                       _compat.isa_probe_libraries)
-        #: The cache kinds this ``Session`` routes.
-        self.routed = frozenset(_compat.routable_kinds(config.caches))
+        self._routed: frozenset[str] | None = None
         context = Context(config=config, events=self.events, stats=self.stats, kernels=self.kernels,
                           flight=self.flight, store_key=self.store_key, lookup=self._lookup, publish=self.publish,
                           verify=self._verified, feature=self.feature, peers=self.peers, get=self.get, put=self.put)
-        built = [feature(context) for feature in feature_registry.FEATURES]
-        #: The compile features this ``Session`` runs, in the registry's order.
-        self.features: list[Feature] = [feature for feature in built if feature.enabled(self.routed)]
-        self.stats.features = {feature.name: feature.counts if feature in self.features else None
-                               for feature in built if feature.counts is not None}
+        #: Every listed feature, built (a constructor starts nothing), in the registry's order.
+        self._built: list[Feature] = [feature(context) for feature in feature_registry.FEATURES]
+        #: The compile features this ``Session`` runs, in the registry's order: those of the
+        #: parts started so far that are on. Replaced, never changed in place: a lookup
+        #: iterates it while another thread starts a part.
+        self.features: list[Feature] = []
+        self.stats.features = {feature.name: None for feature in self._built if feature.counts is not None}
+        self._parts: set[Part] = set()
+        self._enabling = threading.RLock()
+        self._when_started: list[Callable[[], None]] = []
+        for part in parts:
+            self.enable(part)
+
+    @property
+    def routed(self) -> frozenset[str]:
+        """The cache kinds this ``Session`` routes (asked once: on a GPU host it asks CUDA)."""
+        if self._routed is None:
+            self._routed = frozenset(_compat.routable_kinds(self.config.caches))
+        return self._routed
+
+    @property
+    def started(self) -> bool:
+        """Whether its core has started: a compile began, or a lookup came (a process that
+        compiled nothing: ``False``)."""
+        return Part.CORE in self._parts
+
+    def when_started(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the core starts (now, if it has)."""
+        with self._enabling:
+            if not self.started:
+                self._when_started.append(callback)
+                return
+        callback()
+
+    def enable(self, part: Part) -> list[Feature]:
+        """Turn on the features of ``part`` that are on (``Feature.enabled``), the core's
+        first, once; returns those of ``part`` it turned on now. The core's have no hooks and
+        are started here (``Feature.started``); for another part the caller installs their
+        hooks (``Feature.hooks``), then starts them."""
+        if part in self._parts:
+            return []
+        with self._enabling:
+            if part in self._parts:
+                return []
+            if part is Part.COMPILE:
+                self.enable(Part.CORE)  # its lookups come within seconds: fetch ahead from now
+            routed = self.routed if part is Part.COMPILE else frozenset()
+            on = [feature for feature in self._built if feature.part is part and feature.enabled(routed)]
+            self.features = [feature for feature in self._built if feature in self.features or feature in on]
+            for feature in on:
+                if feature.counts is not None:
+                    self.stats.features[feature.name] = feature.counts
+            self._parts.add(part)
+            if part is Part.CORE:
+                for start in [feature.started for feature in on] + self._when_started:
+                    try:
+                        start()
+                    except Exception:  # the lookups go on without what did not start
+                        log.warning("compile_once: %s did not start", getattr(start, "__qualname__", start),
+                                    exc_info=True)
+                self._when_started.clear()
+            return on
 
     def feature(self, cls: type[_F]) -> _F | None:
         """The instance of feature ``cls``, if it is on."""
@@ -241,6 +306,7 @@ class Session:
 
     def get(self, kind: str, inductor_key: str) -> bytes | None:
         """Return the payload for ``inductor_key`` or ``None`` (Inductor then compiles)."""
+        self.enable(Part.CORE)
         flight = self.flight()
         key = self.store_key(kind, inductor_key)
         if flight is None:  # no store: Inductor compiles, and this rank's counts and features say so
@@ -315,6 +381,7 @@ class Session:
     def put(self, kind: str, inductor_key: str, data: bytes, meta: dict | None = None) -> None:
         """Publish Inductor's freshly computed entry to the other ranks (``meta``: more of
         the entry's metadata, such as the compile time it records, ``time_taken_ms``)."""
+        self.enable(Part.CORE)
         flight = self.flight()  # first: opening the store names the keys' prefix
         key = self.store_key(kind, inductor_key)
         self.events.compile_ended(key)

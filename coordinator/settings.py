@@ -301,9 +301,10 @@ class Config:
 
     warm_compile_pool: bool = _setting(
         True, env="COORDINATOR_WARM_COMPILE_POOL", parse=_flag,
-        help="on a GPU, start Inductor's compile workers when the session starts (default 1)")
-    """On a GPU, start Inductor's pool of compile workers when the session starts, as
-    Inductor's own ``inductor`` backend module does at the first compile, so that the first
+        help="on a GPU, start Inductor's compile workers at the script's torch.compile call (default 1)")
+    """On a GPU, start Inductor's pool of compile workers when the session's compile part
+    starts (the script's ``torch.compile`` call, ``coordinator.starts``), as Inductor's own
+    ``inductor`` backend module does at the first compile, so that the first
     graphs' kernels compile in the workers rather than one by one in the rank
     (``_compat.compile_workers``). Off: torch starts them at the first compile. torch's
     ``TORCH_WARM_POOL=0`` turns off both."""

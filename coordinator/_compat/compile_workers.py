@@ -30,7 +30,8 @@ matter to a session:
 * **When.** Plain ``torch.compile`` starts the pool at its first compile (the ``inductor``
   backend module's ``maybe_warm_pool``), and until the workers are up the first graph
   builds its kernels one by one in the main process. :func:`warm_compile_pool` calls the
-  same function when the session starts; torch's ``TORCH_WARM_POOL=0`` turns both off.
+  same function when the session's compile part starts (the script's ``torch.compile``
+  call); torch's ``TORCH_WARM_POOL=0`` turns both off.
   :func:`hold_compile_pool` keeps the pool from starting at all, for a restart whose
   entries all hit: with ``compile_threads`` at 1, ``AsyncCompile`` loads each kernel in
   the rank (``use_process_pool`` is false, ``maybe_warm_pool`` and ``warm_pool`` start

@@ -3,12 +3,13 @@
 Each feature is a :class:`~coordinator.features.base.Feature` in a module of its own
 (``base`` says what a feature is given and may contribute). Adding one is a new module
 and one line in :data:`FEATURES`; the order is the order in which a session asks them
-at each point of a lookup and installs their hooks.
+at each point of a lookup and installs their hooks. Each belongs to a part of the session
+(``Feature.part``), which starts at the first sign that it is needed (``coordinator.starts``).
 """
 
 from __future__ import annotations
 
-from coordinator.features.base import Context, Feature
+from coordinator.features.base import Context, Feature, Part
 from coordinator.features.compile_choices import CompileChoicesOnce
 from coordinator.features.compile_workers import CompileWorkers
 from coordinator.features.early_backward import EarlyBackwards
@@ -39,4 +40,4 @@ FEATURES: list[type[Feature]] = [
     TritonKernels,
 ]
 
-__all__ = ["FEATURES", "Context", "Feature"]
+__all__ = ["FEATURES", "Context", "Feature", "Part"]

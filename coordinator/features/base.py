@@ -7,9 +7,13 @@ one :class:`Feature` subclass in a module of its own, listed once in
 :class:`Context`, the narrow interface to the session (look a key up, publish an entry,
 verify one, count, record an event), and asks it:
 
+* :attr:`Feature.part` - the part of the session it belongs to (:class:`Part`), which
+  starts at the first sign that it is needed (``coordinator.starts``);
 * :meth:`Feature.enabled` - whether it runs, from its settings, the routed cache kinds
-  and what this torch supports;
-* :meth:`Feature.hooks` - the patches of torch it installs while caches are routed;
+  and what this torch supports, asked when its part starts;
+* :meth:`Feature.hooks` - the patches of torch it installs when its part starts;
+* :meth:`Feature.started` - its part has started and its hooks are in: the place to start
+  work in the background (a constructor starts nothing);
 * :attr:`Feature.counts` - a dataclass of counters (built from :attr:`Feature.counts_type`),
   shown under :attr:`Feature.name` in ``coordinator.stats()`` (``None`` while the feature is off);
 * the lookup-policy methods below, each a no-op by default, which the session calls at
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -49,6 +54,21 @@ def supported(switch: bool, unsupported: Callable[[], str | None], off_because: 
         log.info("compile_once: %s: %s", off_because, reason)
         return False
     return True
+
+
+class Part(enum.Enum):
+    """The parts of a session, each started at the first sign that it is needed
+    (``coordinator.starts``); the features of a part are enabled and hooked when it starts."""
+
+    #: What serves every lookup (entries fetched ahead, the persistent layer): started with
+    #: the compile part, or at the session's first lookup.
+    CORE = "core"
+    #: ``torch.compile``'s caches and compiles: started when the script calls
+    #: ``torch.compile`` or a frame reaches Dynamo.
+    COMPILE = "compile"
+    #: Triton's own cache manager and autotuner: hooked once Triton is imported; its lookups
+    #: start the core at Triton's first compile or tuning.
+    TRITON = "triton"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +115,8 @@ class Feature:
     #: The class of its counters (a ``coordinator.observe.stats.Counts``), built with it;
     #: ``None``: it counts nothing.
     counts_type: ClassVar[type | None] = None
+    #: The part of the session it belongs to: enabled and hooked when that part starts.
+    part: ClassVar[Part] = Part.COMPILE
 
     def __init_subclass__(cls, counts: type | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -112,11 +134,13 @@ class Feature:
         return True
 
     def hooks(self, routed: frozenset[str]) -> Iterable[contextlib.AbstractContextManager[Any]]:
-        """The patches it installs while the session's caches are routed."""
+        """The patches it installs when its part starts, removed when the session ends."""
         return ()
 
-    def caches_routed(self) -> None:
-        """Every hook of the session is in: its caches are routed from now on."""
+    def started(self) -> None:
+        """Its part has started and every hook of that part is in: start what it does in the
+        background here (its constructor starts nothing: a session that never starts its
+        part pays nothing for it)."""
 
     # -- a lookup --------------------------------------------------------------------------
 

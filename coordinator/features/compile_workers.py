@@ -2,8 +2,9 @@
 restart whose entries all hit.
 
 On a GPU, Inductor compiles Triton kernels in a pool of worker processes
-(``_compat.compile_workers``). When the session's caches are routed, this feature gives
-the rank its part of the host's cores for them, then:
+(``_compat.compile_workers``). When the session's compile part starts (the script calls
+``torch.compile``, before its first frame; ``coordinator.starts``), this feature gives the
+rank its part of the host's cores for them, then:
 
 * **a cold job** (no index of a previous run's entries, ``coordinator.features.prefetch``):
   starts the pool at once, with ``warm_compile_pool`` on, so that the first graph's
@@ -32,7 +33,7 @@ from coordinator.observe.stats import Counts
 
 log = logging.getLogger(__name__)
 
-#: Longest wait, as the session starts, for the prefetch to read the last run's index.
+#: Longest wait, as the compile part starts, for the prefetch to read the last run's index.
 INDEX_WAIT_S = 1.0
 #: The cache kind whose miss means this rank compiles kernels.
 _COMPILES_KERNELS = "fx_graph"
@@ -60,7 +61,7 @@ class CompileWorkers(Feature, counts=WorkerCounts):
         #: FX graphs asked for while the pool is held (a miss among them releases it).
         self._asked_while_held: set[str] = set()
 
-    def caches_routed(self) -> None:
+    def started(self) -> None:
         _compat.size_compile_pool(local_ranks())
         prefetch = self.context.feature(Prefetch)
         if prefetch is not None and prefetch.expects_entries(INDEX_WAIT_S):

@@ -24,12 +24,13 @@ its own; where the store expires keys the mark lives ``MARK_TTL``. A write that 
 its mark, so another rank, or a later job, writes the value.
 
 Keys are the live store's keys (environment, secret, namespace, kind, digest), so a job only
-finds values it can load. When the session starts, a thread opens the layer and connects; the
-first lookup lists the keys it holds under this job's prefix, and a key not listed is a miss
-without a request (a cold job pays one listing, not a request per graph). The first failure
-of the layer (a missing bucket, refused credentials, a server gone) is logged once, naming
-the URL (a password in it as ``***``, as in every line naming the layer) and what to do, and
-the job goes on without it: losing the persistent layer costs compile time, never the job.
+finds values it can load. When the session's core starts (``coordinator.starts``), a thread
+opens the layer and connects; the first lookup lists the keys it holds under this job's
+prefix, and a key not listed is a miss without a request (a cold job pays one listing, not
+a request per graph). The first failure of the layer (a missing bucket, refused
+credentials, a server gone) is logged once, naming the URL (a password in it as ``***``, as
+in every line naming the layer) and what to do, and the job goes on without it: losing the
+persistent layer costs compile time, never the job.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from datetime import timedelta
 
 from coordinator import _compat
 from coordinator.errors import ConfigError, StoreError
-from coordinator.features.base import Context, Feature
+from coordinator.features.base import Context, Feature, Part
 from coordinator.observe.stats import Counts
 from coordinator.observe.trace import short_key
 from coordinator.protocol.fingerprint import key_prefix
@@ -79,6 +80,7 @@ class PersistentLayer(Feature, counts=PersistCounts):
     """This session's persistent layer: the keys it holds, and the writer that adds to it."""
 
     name = "persistent"
+    part = Part.CORE
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
@@ -99,14 +101,16 @@ class PersistentLayer(Feature, counts=PersistCounts):
         self._listed = False
         self._writer: BackgroundWriter | None = None
         self._mark: str | None = None
-        if self.url is not None:
-            # Started with the session: a first write may come while the interpreter exits.
-            self._writer = BackgroundWriter("persistent layer", MAX_QUEUED_BYTES,
-                                            progress_interval=context.config.progress_interval)
-            threading.Thread(target=self._connect, name="coordinator-persist-connect", daemon=True).start()
 
     def enabled(self, routed: frozenset[str]) -> bool:
         return self.url is not None
+
+    def started(self) -> None:
+        # The writer's thread starts with the session's core, not at the first write: a
+        # first write may come while the interpreter exits, where no thread starts.
+        self._writer = BackgroundWriter("persistent layer", MAX_QUEUED_BYTES,
+                                        progress_interval=self.context.config.progress_interval)
+        threading.Thread(target=self._connect, name="coordinator-persist-connect", daemon=True).start()
 
     # -- the layer -------------------------------------------------------------------------
 

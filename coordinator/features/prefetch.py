@@ -9,11 +9,12 @@ after ``init_process_group`` and starts empty. The index's key names the secret'
 fingerprint, the namespace, the script and the rank, not the run (a restart is a new run):
 ``prefetch/<secret>/<namespace>/<script>/rank<R>``.
 
-When a session starts (under ``coordinator-run``, as the script's ``import torch`` ends), a thread
-reads its rank's index from those stores and fetches each value it names (the live store
+When the session's core starts (the script calls ``torch.compile``, or its first lookup
+comes: ``coordinator.starts``), a thread reads its rank's index from those stores and
+fetches each value it names (the live store
 first, then the persistent layer), verifies it as every value is verified, and keeps it in
-memory, at most ``prefetch_mb`` MB, while the script imports, builds its model and sets up
-NCCL. A lookup of a key the thread holds takes it from memory (``Outcome.PREPARED``): no
+memory, at most ``prefetch_mb`` MB, while the script sets up DDP and its optimizer and
+Dynamo traces the first frame. A lookup of a key the thread holds takes it from memory (``Outcome.PREPARED``): no
 store request, no node lock, no claim. A lookup of a key the thread has not reached yet
 waits for it at most ``READY_WAIT`` (the thread waits on no rank, and its store calls are
 bounded), where the lookup may wait at all; after one such wait runs out, no lookup waits
@@ -48,7 +49,7 @@ from datetime import timedelta
 import msgpack
 
 from coordinator.errors import ConfigError, IntegrityError, StoreError
-from coordinator.features.base import Context, Feature
+from coordinator.features.base import Context, Feature, Part
 from coordinator.observe.stats import Counts
 from coordinator.protocol.fingerprint import secret_fingerprint
 from coordinator.protocol.integrity import open_sealed, seal
@@ -111,6 +112,7 @@ class Prefetch(Feature, counts=PrefetchCounts):
     """This rank's index, and the entries it prepared from the last one."""
 
     name = "prefetch"
+    part = Part.CORE
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
@@ -137,12 +139,14 @@ class Prefetch(Feature, counts=PrefetchCounts):
         self._stores: list[tuple[Store, str]] | None = None
         self._failed: set[int] = set()  # the sources that failed (by index): not asked again
         self._opening = threading.Lock()
-        if self.enabled(frozenset()):
-            self._fetching = True
-            threading.Thread(target=self._prepare, name="coordinator-prefetch", daemon=True).start()
 
     def enabled(self, routed: frozenset[str]) -> bool:
         return self._bound > 0 and bool(self._sources)
+
+    def started(self) -> None:
+        with self._lock:
+            self._fetching = True
+        threading.Thread(target=self._prepare, name="coordinator-prefetch", daemon=True).start()
 
     # -- the stores ----------------------------------------------------------------------------
 

@@ -3,12 +3,14 @@
 Training jobs run Triton kernels that Inductor did not generate: libraries' (flash-linear-
 attention, Liger, Unsloth) and users' own, eagerly or inside ``torch.compile``. Each rank
 compiles each of them at its first call and, for an autotuned one, benchmarks every config.
-While the session runs, the cache manager Triton builds per kernel key is this feature's
-(``_compat.routed_triton_cache``): it keeps files where Triton's ``FileCacheManager`` does,
-and what it does not find there it asks the session for, as Inductor's cache backends do
-(``Context.get``/``put``: the node's copy, the prefetch, the persistent layer, every value
-sealed and verified, a value that fails is a miss; the entries it compiled or received
-go into the job's bundle, ``ShippedKernels.record_triton``):
+From the moment Triton is imported in a session's process (``coordinator.starts``), the
+cache manager Triton builds per kernel key is this feature's (``_compat.routed_triton_cache``):
+it keeps files where Triton's ``FileCacheManager`` does, and what it does not find there it
+asks the session for, as Inductor's cache backends do (``Context.get``/``put``: the node's
+copy, the prefetch, the persistent layer, every value sealed and verified, a value that
+fails is a miss; the entries it compiled or received go into the job's bundle,
+``ShippedKernels.record_triton``). Its first lookup, at Triton's first compile or tuning,
+starts the session's core (a process that imports Triton and compiles nothing pays nothing):
 
 * **a kernel's compile** (``get_group`` of its metadata): kind ``triton``, keyed by Triton's
   own hash (source, options, backend and GPU architecture, environment, Triton's version)
@@ -70,7 +72,7 @@ from typing import Any
 import msgpack
 
 from coordinator import _compat
-from coordinator.features.base import Feature, supported
+from coordinator.features.base import Feature, Part, supported
 from coordinator.features.compile_workers import local_ranks
 from coordinator.observe.stats import Counts
 from coordinator.protocol.outcome import Outcome
@@ -114,6 +116,7 @@ class TritonKernels(Feature, counts=TritonCounts):
     """Triton's own compiles and autotune results through the session."""
 
     name = "triton"
+    part = Part.TRITON
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
