@@ -19,6 +19,7 @@ from coordinator.jobs.launcher import (
     asks_for_help,
     one_gpu_per_worker,
     split_args,
+    with_virtual_local_rank,
     worker_environment,
     workers_per_node,
 )
@@ -89,15 +90,20 @@ def test_help_shows_our_options_and_variables_once_then_torchruns_help_once(tmp_
 
 
 def test_worker_environment(tmp_path):
-    env = worker_environment({"COORDINATOR_STORE": "file:///s"}, {"PYTHONPATH": "/mine"}, virtual_local_rank=True)
+    env = worker_environment({"COORDINATOR_STORE": "file:///s"}, {"PYTHONPATH": "/mine"})
     assert env["COORDINATOR_ENABLE"] == "1" and env["COORDINATOR_STORE"] == "file:///s"
     assert env["PYTHONPATH"].endswith(os.pathsep + "/mine") and env["PYTHONPATH"].split(os.pathsep)[0].endswith("_site")
-    assert env["PET_VIRTUAL_LOCAL_RANK"] == "1"
-    assert "TORCHINDUCTOR_CACHE_DIR" in env
-    assert "TORCHINDUCTOR_CACHE_DIR" not in worker_environment({}, {"TORCHINDUCTOR_CACHE_DIR": "/x"})
-    assert "PET_VIRTUAL_LOCAL_RANK" not in worker_environment({}, {})  # ranks share GPUs, or there are none
-    assert "PET_VIRTUAL_LOCAL_RANK" not in worker_environment({}, {"PET_VIRTUAL_LOCAL_RANK": "0"},
-                                                              virtual_local_rank=True)  # the user's choice stands
+    # Nothing else: Inductor's and Triton's dirs stay the user's (a node's workers share Inductor's default).
+    assert set(env) == {"COORDINATOR_ENABLE", "COORDINATOR_STORE", "PYTHONPATH"}
+    assert set(worker_environment({}, {})) == {"COORDINATOR_ENABLE", "PYTHONPATH"}
+    # The virtual local rank is torchrun's own flag, as a user would give it (no variable the script sees).
+    args = ["--standalone", "--nproc-per-node", "2", "train.py", "--lr", "1"]
+    assert with_virtual_local_rank(args, {}) == ["--virtual-local-rank", *args]
+    mine = ["--virtual-local-rank", "--standalone", "train.py"]
+    assert with_virtual_local_rank(mine, {}) == mine
+    assert with_virtual_local_rank(args, {"PET_VIRTUAL_LOCAL_RANK": "0"}) == args  # the user's choice stands
+    after_script = ["--standalone", "train.py", "--virtual-local-rank"]  # the script's own argument
+    assert with_virtual_local_rank(after_script, {}) == ["--virtual-local-rank", *after_script]
 
 
 def test_virtual_local_rank_only_when_every_worker_has_a_gpu():

@@ -17,12 +17,10 @@ codes and signal handling are torchrun's own. Before the workers start it:
 * puts ``coordinator/_site`` first on the workers' ``PYTHONPATH`` and turns the ``enable``
   setting on: every worker runs under ``compile_once()``;
 * when every worker has a GPU of its own, turns on torchrun's virtual local rank
-  (``PET_VIRTUAL_LOCAL_RANK=1``): each worker sees its GPU as ``cuda:0``, so Inductor's
+  (``--virtual-local-rank``): each worker sees its GPU as ``cuda:0``, so Inductor's
   keys match across ranks. With more workers than GPUs (ranks sharing a GPU) it stays
   off: torchrun would give worker ``i`` only GPU ``i``, which does not exist for some;
   the script picks their devices;
-* sets a node-local ``TORCHINDUCTOR_CACHE_DIR`` if none is set, shared by the node's
-  workers (node-level single fetch);
 * with ``--coordinator-restore URL``, installs the persisted bundle once for the node
   (a store it cannot reach is logged, never fatal);
 * with ``--coordinator-save-bundle URL``, has rank 0 save the job's bundle at exit
@@ -32,6 +30,11 @@ codes and signal handling are torchrun's own. Before the workers start it:
 
 ``coordinator-run --help`` lists these options and the settings' variables, then
 torchrun's own help.
+
+Nothing else of the workers' environment changes: the switch and ``PYTHONPATH`` are as the
+user set them again before the script's first line (``coordinator/_site``), and Inductor's
+and Triton's cache dirs are theirs (a node's workers share Inductor's default dir, as
+under torchrun).
 
 Each worker shows the ``coordinator`` logger's lines (its summary at exit, who it waits
 for) at ``--coordinator-log-level`` (default ``INFO``), on stderr after its rank
@@ -45,13 +48,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import getpass
 import io
 import logging
 import os
 import sys
 
-from coordinator import _compat
 from coordinator.errors import ConfigError
 from coordinator.observe.logs import show_coordinator_logs
 from coordinator.protocol.stores import shown_url
@@ -188,23 +189,30 @@ def one_gpu_per_worker(nproc_per_node: str, gpus: int) -> bool:
         return False
 
 
-def worker_environment(settings: dict[str, str], environ: dict[str, str], *,
-                       virtual_local_rank: bool = False) -> dict[str, str]:
-    """The environment variables to set for the workers."""
+def worker_environment(settings: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
+    """The environment variables to set for the workers: the settings given as options, the
+    switch, and this package's ``_site`` first on ``PYTHONPATH`` (both taken out again as
+    each worker starts)."""
     site = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_site")
     pythonpath = environ.get("PYTHONPATH", "")
     env = dict(settings)
     env[variable("enable")] = "1"
     env["PYTHONPATH"] = site + (os.pathsep + pythonpath if pythonpath else "")
-    if virtual_local_rank and "PET_VIRTUAL_LOCAL_RANK" not in environ:
-        env["PET_VIRTUAL_LOCAL_RANK"] = "1"
-    if not environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        try:
-            user = getpass.getuser()
-        except (KeyError, OSError):
-            user = str(os.getuid())
-        env["TORCHINDUCTOR_CACHE_DIR"] = _compat.default_cache_dir(user)
     return env
+
+
+def with_virtual_local_rank(torchrun_args: list[str], environ: dict[str, str]) -> list[str]:
+    """torchrun's arguments with its virtual local rank on, unless the user chose already
+    (the flag, or ``PET_VIRTUAL_LOCAL_RANK``)."""
+    flags = ("--virtual-local-rank", "--virtual_local_rank")
+    for i, arg in enumerate(torchrun_args):
+        if arg.split("=", 1)[0] in flags:
+            return torchrun_args
+        if not arg.startswith("-") and _is_script(torchrun_args[: i + 1]):
+            break
+    if "PET_VIRTUAL_LOCAL_RANK" in environ:
+        return torchrun_args
+    return ["--virtual-local-rank", *torchrun_args]
 
 
 def check_settings(environ: dict[str, str], options: dict[str, str] | None = None) -> None:
@@ -250,8 +258,9 @@ def main(argv: list[str] | None = None) -> None:
     show_coordinator_logs(JobSettings.resolve({**os.environ, **settings}, names=("log_level",)).log_level, prefix="")
     import torch
 
-    virtual = one_gpu_per_worker(workers_per_node(torchrun_args), torch.cuda.device_count())
-    os.environ.update(worker_environment(settings, dict(os.environ), virtual_local_rank=virtual))
+    if one_gpu_per_worker(workers_per_node(torchrun_args), torch.cuda.device_count()):
+        torchrun_args = with_virtual_local_rank(torchrun_args, dict(os.environ))
+    os.environ.update(worker_environment(settings, dict(os.environ)))
     job = JobSettings.resolve(names=("restore_bundle", "bundle_name"))
     if job.restore_bundle:
         restore(job.restore_bundle, job.bundle_name)
