@@ -11,7 +11,8 @@ be built there, which is what a kernel's ``cached_autotune`` builds when its
 what listens on port 6379.
 
 With ``started``, the script's own compile starts the pool before the session (one job);
-then one job inside ``compile_once`` (none with ``no-jobs``). The process poses as a GPU host
+then one job inside ``compile_once``, after a ``torch.compile`` call has started its compile
+part (none with ``no-jobs``). The process poses as a GPU host
 (``torch.cuda.is_available``, ``torch.version.cuda``), so that the session routes Triton's
 autotune cache and sizes and starts the pool, as on one. Prints one JSON object: each job's
 record, ``compile_threads`` before and inside the session, and whether the pool was up as
@@ -69,6 +70,7 @@ def main() -> None:
     if mode == "started":
         seen["before"] = job()
     with coordinator.compile_once(f"file://{store}") as session:
+        torch.compile(lambda x: x)  # the session's compile part starts at the call
         seen["threads"]["session"] = config.compile_threads
         seen["pool_at_start"] = _compat.pool_started()
         seen["routed"] = sorted(session.routed)

@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 import torch._inductor.remote_cache as remote_cache
@@ -34,6 +35,9 @@ def snapshot():
 def test_hooks_are_installed_and_restored(tmp_path):
     before = snapshot()
     with coordinator.compile_once(f"file://{tmp_path}") as session:
+        assert snapshot() == before and not session.started  # nothing until the first sign of a compile
+        torch.compile(lambda x: x + 1)  # the call alone starts it: the hooks are in before the first frame
+        assert session.started
         backend = remote_cache.RemoteFxGraphCache.backend_override_cls
         assert backend is not None and backend.__name__ == "CoordinatorFxGraphBackend"
         assert inductor_config.fx_graph_remote_cache is True
@@ -70,6 +74,7 @@ def test_a_nested_compile_once_with_the_same_settings_joins_the_active_one(tmp_p
     with coordinator.compile_once() as outer:
         with coordinator.compile_once(lease=7, store=f"file://{tmp_path}") as inner:  # the same, given as arguments
             assert inner is outer
+            torch.compile(lambda x: x + 1)
         # The inner exit closed nothing: the hooks and the session are still there.
         assert api.active_session() is outer and snapshot() != before
         assert remote_cache.RemoteFxGraphCache.backend_override_cls.__name__ == "CoordinatorFxGraphBackend"
@@ -104,8 +109,10 @@ def test_no_process_group_means_local_compiles(caplog):
 
 def test_enable_from_env(tmp_path):
     code = (
-        "import coordinator, torch._inductor.remote_cache as rc;"
+        "import coordinator, torch, torch._inductor.remote_cache as rc;"
         "assert coordinator.enable_from_env();"
+        "assert rc.RemoteFxGraphCache.backend_override_cls is None;"  # nothing before the first compile
+        "torch.compile(lambda x: x);"
         "print(rc.RemoteFxGraphCache.backend_override_cls.__name__)"
     )
     env = {"COORDINATOR_ENABLE": "1", "COORDINATOR_STORE": f"file://{tmp_path}", "PATH": "/usr/bin:/bin"}
@@ -122,7 +129,8 @@ def test_sitecustomize_enables_without_code_change(tmp_path):
     hook = Path(coordinator.__file__).resolve().parent / "_site"
     # A library that first asks whether torch is installed (transformers does) changes nothing.
     code = ("import importlib.util; assert importlib.util.find_spec('torch'); "
-            "import torch._inductor.remote_cache as rc; print(rc.RemoteFxGraphCache.backend_override_cls.__name__)")
+            "import torch, torch._inductor.remote_cache as rc; torch.compile(lambda x: x); "
+            "print(rc.RemoteFxGraphCache.backend_override_cls.__name__)")
     env = {"COORDINATOR_ENABLE": "1", "COORDINATOR_STORE": f"file://{tmp_path}", "PYTHONPATH": str(hook),
            "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

@@ -21,6 +21,7 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import concurrent.futures, json
+    import torch
     import torch._inductor.config as inductor_config
     from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
@@ -41,6 +42,7 @@ SCRIPT = textwrap.dedent("""
     AlgorithmSelectorCache.make_precompile_fn = stand_in
     seen["before"] = AsyncCompile.use_process_pool()
     with coordinator.compile_once():
+        torch.compile(lambda x: x)  # the sign of a compile: the session's hooks are in from here
         AlgorithmSelectorCache.make_precompile_fn(object(), [], "mm", "key")
         seen["outside a selection"] = AsyncCompile.use_process_pool()
     seen["after"] = AsyncCompile.use_process_pool()

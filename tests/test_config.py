@@ -130,15 +130,18 @@ def test_collective_switches_are_off_inside_compile_once_and_restored_after(tmp_
         import torch._inductor.config as inductor_config
         import coordinator
         logging.basicConfig(level=logging.WARNING)
+        import torch
         before = inductor_config.distributed_max_autotune_gemm
         with coordinator.compile_once():
+            entered = inductor_config.distributed_max_autotune_gemm
+            torch.compile(lambda x: x)
             inside = inductor_config.distributed_max_autotune_gemm
-        print("switch", before, inside, inductor_config.distributed_max_autotune_gemm)
+        print("switch", before, entered, inside, inductor_config.distributed_max_autotune_gemm)
     """))
     env = dict(os.environ, TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM="1")
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "switch True False True" in done.stdout
+    assert "switch True True False True" in done.stdout  # off from the first compile on
     assert done.stderr.count("turned off torch._inductor.config.distributed_max_autotune_gemm") == 1
 
 

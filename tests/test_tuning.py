@@ -19,6 +19,7 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from coordinator import Config, _compat
 from coordinator.features.artifacts import (
@@ -324,6 +325,7 @@ def test_a_kernel_is_tuned_once_and_the_next_rank_runs_its_config(tmp_path, monk
     monkeypatch.delenv("TORCHINDUCTOR_REDIS_URL", raising=False)
     monkeypatch.setattr(_compat, "routable_kinds", lambda kinds: list(kinds))  # route autotune without a GPU
     with coordinator.compile_once(f"file://{tmp_path / 'store'}") as session:
+        torch.compile(lambda x: x)  # the sign of a compile: the session's hooks are in from here
         (kernel,) = kernels_from_a_worker(tmp_path, ["triton_poi_fused_0"]).values()
         th.CachingAutotuner.restore_after_unpickle(kernel, None)  # as async_compile does for a worker's kernel
         assert _compat.kernel_autotune_cache(kernel).remote_cache is not None
@@ -380,6 +382,7 @@ def test_a_config_found_in_this_ranks_cache_is_shared_under_the_key_a_loader_loo
     monkeypatch.delenv("TORCHINDUCTOR_REDIS_URL", raising=False)
     monkeypatch.setattr(_compat, "routable_kinds", lambda kinds: list(kinds))  # route autotune without a GPU
     with coordinator.compile_once(f"file://{tmp_path / 'store'}") as leader:
+        torch.compile(lambda x: x)  # the sign of a compile: the session's hooks are in from here
         assert leader.flight().lookup(leader.store_key("fx_graph", "graph-1"), blocking=True).outcome == "claimed"
         (first,) = kernels_from_a_worker(tmp_path, ["triton_red_fused_0"], coordesc=True).values()
         th.CachingAutotuner.restore_after_unpickle(first, None)
