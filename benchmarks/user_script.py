@@ -325,8 +325,65 @@ def markdown(raw: dict) -> str:
     lines += common.table_head("N", "job", "runs", "wall (s)", "÷ stock", "step 1 (s)", "÷ stock",
                                "recompile step (s)", "÷ stock")
     lines += summary
+    lines += phases(jobs)
     lines += triton_counts(jobs)
     return "\n".join(lines) + "\n"
+
+
+#: A job's phases, from its launch to its exit, and Dynamo's split of its compile seconds.
+PHASES = ("launch", "imports", "set-up", "step 1", "step 2", "step 3", "exit", "Dynamo", "AOTAutograd", "Inductor",
+          "kernel loads")
+
+
+def job_phases(job: dict) -> dict[str, float | None] | None:
+    """Where a job's wall went, from its ranks' ``HFJOB`` records (the slowest rank's each):
+    launch (the job's start to the script's first line), imports, set-up, each step, exit (the
+    script's last line to the job's end: the process group, the interpreter's exit, the
+    launcher's), and the compile's parts as Dynamo times them (``calculate_time_spent``):
+    Dynamo's own tracing, AOTAutograd (the backend and lazy backward compiles less Inductor's),
+    Inductor, and of it the waits for kernels to load or compile (``async_compile.wait``)."""
+    ranks = [r for r in job.get("ranks", []) if "t_start_abs" in r and "total_s" in r]
+    if not ranks:
+        return None
+    end = job["launched"] + job["wall_s"]
+    found: dict[str, float | None] = {
+        "launch": max(r["t_start_abs"] for r in ranks) - job["launched"],
+        "imports": max(r["import_s"] for r in ranks), "set-up": max(r["setup_s"] for r in ranks),
+        "exit": None if job.get("stopped_after_step") else end - max(r["t_start_abs"] + r["total_s"] for r in ranks)}
+    for i in range(3):
+        found[f"step {i + 1}"] = max((r["step_s"][i] for r in ranks if len(r.get("step_s", [])) > i), default=None)
+    spent = [r["time_spent"] for r in ranks if isinstance(r.get("time_spent"), dict)]
+    if spent:
+        def most(*keys: str, less: tuple[str, ...] = ()) -> float:
+            return max(sum(t.get(k, 0.0) for k in keys) - sum(t.get(k, 0.0) for k in less) for t in spent)
+
+        found.update(Dynamo=most("entire_frame_compile", less=("backend_compile",)),
+                     AOTAutograd=most("backend_compile", "entire_backward_compile", less=("inductor_compile",)),
+                     Inductor=most("inductor_compile"), **{"kernel loads": most("async_compile.wait")})
+    return found
+
+
+def phases(jobs: list[dict]) -> list[str]:
+    """Per N and row, the median of each phase over its jobs (``job_phases``)."""
+    timed = [(job, job_phases(job)) for job in jobs]
+    timed = [(job, found) for job, found in timed if found is not None]
+    if not timed:
+        return []
+    lines = ["", "Where each row's wall goes: medians over its jobs of the slowest rank's phases (s): launch "
+             "(the job's start to the script's first line), the script's imports, set-up and steps, exit (its "
+             "last line to the job's end); the compile's parts as Dynamo times them (Dynamo's tracing, "
+             "AOTAutograd less Inductor, Inductor, and of it the waits for kernels):", ""]
+    lines += common.table_head("N", "job", "runs", *PHASES)
+    for n in sorted({job["n"] for job, _ in timed}):
+        of_n = [(job, found) for job, found in timed if job["n"] == n]
+        for name in dict.fromkeys(job["job"] for job, _ in of_n):
+            runs = [found for job, found in of_n if job["job"] == name]
+            cells = []
+            for phase in PHASES:
+                values = [found.get(phase) for found in runs if found.get(phase) is not None]
+                cells.append(f"{statistics.median(values):.2f}" if values else "-")
+            lines.append(f"| {n} | {name} | {len(runs)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def triton_counts(jobs: list[dict]) -> list[str]:

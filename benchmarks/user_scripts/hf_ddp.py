@@ -98,9 +98,13 @@ def main():
         print(f"HFSTEP end rank={rank} step={step + 1} t={now:.3f}", file=sys.stderr, flush=True)
         last = now
     inductor = counters["inductor"]
+    from torch._dynamo.utils import calculate_time_spent
+
     print("HFJOB " + json.dumps({
         "rank": rank, "model": args.model, "step_s": step_s, "losses": losses,
         "import_s": round(T_IMPORTED - T_START, 3), "setup_s": round(t0 - T_IMPORTED, 3),
+        "total_s": round(time.time() - T_START, 3), "t_start_abs": T_START,
+        "time_spent": {k: round(v, 2) for k, v in calculate_time_spent().items()},
         "fx_miss": inductor.get("fxgraph_cache_miss", 0), "fx_hit": inductor.get("fxgraph_cache_hit", 0),
     }), flush=True)
     dist.destroy_process_group()

@@ -164,7 +164,8 @@ def main():
     rec = {
         "rank": rank, "world": world, "model": what, "step1_s": step_s[0], "step_s": step_s,
         "total_s": round(time.time() - T_START, 3), "import_s": round(T_IMPORTED - T_START, 3),
-        "setup_s": round(t0 - T_IMPORTED, 3), "losses": losses, **COUNTS, "after_step1": after[0],
+        "setup_s": round(t0 - T_IMPORTED, 3), "t_start_abs": T_START, "losses": losses, **COUNTS,
+        "after_step1": after[0],
         "coordinator_in_sys_modules": "coordinator" in sys.modules, "triton": triton.__version__,
         "device": torch.cuda.get_device_name(dev),
     }
