@@ -54,64 +54,12 @@ from collections.abc import Callable
 from typing import Any
 
 from coordinator import _compat
+from coordinator._compat.imports import AfterImport
 from coordinator.features import Part
 from coordinator.inductor import compile_hooks
 from coordinator.session import Session
 
 log = logging.getLogger(__name__)
-
-
-class AfterImport:
-    """A meta path finder that finds module ``name`` as the finders after it would and wraps
-    the spec's loader, so that ``then`` runs once the module has run. It stays first on
-    ``sys.meta_path`` until then (or :meth:`leave`): a library that only asks whether the
-    module is installed (``importlib.util.find_spec``) gets a wrapped spec that never runs."""
-
-    def __init__(self, name: str, then: Callable[[], None]) -> None:
-        self.name = name
-        self.then = then
-        self._finding = threading.local()
-        self._done = False
-        self._lock = threading.Lock()
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != self.name or getattr(self._finding, "now", False):
-            return None
-        self._finding.now = True  # the finders after this one find it
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            self._finding.now = False
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return None  # not a module this can wrap: the import goes on as without it
-        run_module = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            run_module(module)
-            self.imported()
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-    def install(self) -> None:
-        """First on ``sys.meta_path``; where the module is imported already, ``then`` runs now."""
-        if self.name in sys.modules:
-            self.imported()
-        else:
-            sys.meta_path.insert(0, self)
-
-    def imported(self) -> None:
-        """The module has run: leave ``sys.meta_path`` and run ``then``, once."""
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-        self.leave()
-        self.then()
-
-    def leave(self) -> None:
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
 
 
 class SessionStarts:

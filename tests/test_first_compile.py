@@ -145,3 +145,35 @@ def test_inductor_s_cache_dir_is_named_as_inductor_names_it(tmp_path, given):
     ours, inductors, untouched = json.loads(done.stdout.strip().splitlines()[-1])
     assert ours == inductors and ours.startswith(str(tmp_path))
     assert untouched == [given, False, False]
+
+
+def test_a_patch_of_a_module_not_imported_yet_comes_in_at_its_import(tmp_path, monkeypatch):
+    """``_compat.once_imported``: a module never imported is neither imported nor patched; one
+    imported inside the block is patched from its import to the block's end, and a module
+    imported already is patched at once (Inductor's template selection: about a second to
+    import, which a job that selects no template never pays)."""
+    import contextlib
+    import importlib
+
+    from coordinator._compat.imports import once_imported
+
+    (tmp_path / "late_module.py").write_text("VALUE = 'own'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "late_module", raising=False)
+
+    @contextlib.contextmanager
+    def patch():
+        module = sys.modules["late_module"]
+        module.VALUE = "patched"
+        yield
+        module.VALUE = "own"
+
+    with once_imported("late_module", patch):
+        assert "late_module" not in sys.modules  # not imported to be patched
+    with once_imported("late_module", patch):
+        module = importlib.import_module("late_module")
+        assert module.VALUE == "patched"
+    assert module.VALUE == "own" and not any(getattr(f, "name", None) == "late_module" for f in sys.meta_path)
+    with once_imported("late_module", patch):  # imported already: at once
+        assert module.VALUE == "patched"
+    assert module.VALUE == "own"

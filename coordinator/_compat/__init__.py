@@ -25,12 +25,12 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   start a session's compile part inside Dynamo's first compile: ran on 2.13.0 and 2.14.1,
   CPU tests); cache dirs (``inductor_cache_dir`` names the dir as
   ``cache_dir_utils.cache_dir``/``default_cache_dir`` do, without importing Inductor:
-  compared with torch's own on both CI legs, ``tests/test_first_compile.py``); whether AOTAutograd entries hold their graphs
-  (``autograd_cache.should_bundle_autograd_cache``), and so whether a hit of one saves
-  its recorded compile time (``hit_saves_compile``: AOTAutograd's ``time_taken_ms`` spans
-  from its lookup to the end of its compiles, read from 2.13.0's ``graph_compile``);
-  Mega-Cache installs and the FX keys they write (``load_cache_artifacts``:
-  ``CacheInfo.inductor_artifacts``, 2.13.0). GPU tier on 2.11.0.
+  compared with torch's own on both CI legs, ``tests/test_first_compile.py``); whether
+  AOTAutograd entries hold their graphs (``autograd_cache.should_bundle_autograd_cache``),
+  and so whether a hit of one saves its recorded compile time (``hit_saves_compile``:
+  AOTAutograd's ``time_taken_ms`` spans from its lookup to the end of its compiles, read
+  from 2.13.0's ``graph_compile``); Mega-Cache installs and the FX keys they write
+  (``load_cache_artifacts``: ``CacheInfo.inductor_artifacts``, 2.13.0). GPU tier on 2.11.0.
 * ``fx_graph``: FX-graph lookups (``fx_graph_lookups``): ``FxGraphCache._lookup_graph``,
   ``_write_to_local_cache``, ``_get_tmp_dir_for_key``, ``codecache._worker_compile_cpp``,
   ``RedisRemoteCache._get_key`` and the FX remote value format of ``_save_graph``
@@ -69,7 +69,10 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``_dynamo/repro/after_aot.py``, whose repro script of each graph records ranks) and
   in-compile collectives (``collective_switches_off``: ``distributed_max_autotune_gemm``,
   ``distributed_runtime_autotune``, ``aten_distributed_optimizations.spmd_check``).
-* ``select_algorithm``: each GEMM choice compiled once (``precompile_choices_in_process``:
+* ``imports``: hooks on modules a job may never import, run once they are (``AfterImport``,
+  ``once_imported``): Python's import system, no torch name.
+* ``select_algorithm``: each GEMM choice compiled once (``precompile_choices_in_process``,
+  patched once Inductor imports ``select_algorithm``:
   ``AlgorithmSelectorCache.make_precompile_fn``, ``AsyncCompile.use_process_pool``, a
   classmethod, asked inside it; ran on 2.11.0 on an H100: the recompile probe and the
   max-autotune benchmark).

@@ -18,15 +18,23 @@ import logging
 import threading
 from collections.abc import Iterator
 
+from coordinator._compat.imports import once_imported
+
 log = logging.getLogger(__name__)
 
 _precompiling = threading.local()
 
 
-@contextlib.contextmanager
-def precompile_choices_in_process() -> Iterator[None]:
+def precompile_choices_in_process() -> contextlib.AbstractContextManager[None]:
     """While active, a template selection's precompiles run in threads of this process
-    (Inductor's path when its compile workers are not up), never in the workers."""
+    (Inductor's path when its compile workers are not up), never in the workers. Patched
+    once Inductor imports its template selection (``select_algorithm``), which a job that
+    selects no template never imports."""
+    return once_imported("torch._inductor.select_algorithm", _precompiles_in_process)
+
+
+@contextlib.contextmanager
+def _precompiles_in_process() -> Iterator[None]:
     try:
         from torch._inductor.async_compile import AsyncCompile
         from torch._inductor.select_algorithm import AlgorithmSelectorCache

@@ -1,17 +1,17 @@
 """Turn compile_once on in a Python process from environment variables alone.
 
-``coordinator-run`` puts this directory first on the workers' ``PYTHONPATH`` and turns
-the ``enable`` setting on (plus any other settings, ``coordinator.settings``): every worker
-then runs under ``coordinator.compile_once()`` for its whole life, with no change to the
-training script. As the interpreter starts, this takes the switch out of the environment
-and this directory out of ``PYTHONPATH`` and ``sys.path``, so that the script's first line
-finds both as under torchrun, and the processes the worker starts (Inductor's compile
-workers, its CPU-feature probes, data loaders) enter nothing. It enters ``compile_once`` as
-the script's own ``import torch`` ends (``coordinator.starts.AfterImport`` wraps torch's
-loader), or at once where torch is already imported. That entry checks the settings and
-installs the session's triggers, nothing more: the session starts at the first sign of a
-compile (``coordinator.starts``). A site's own ``sitecustomize`` further down the path
-still runs.
+``coordinator-run`` puts this directory first on the workers' ``PYTHONPATH`` and turns the
+``enable`` setting on (plus any other settings, ``coordinator.settings``): every worker then
+runs under ``coordinator.compile_once()`` for its whole life, with no change to the training
+script. As the interpreter starts, this takes the switch out of the environment and this
+directory out of ``PYTHONPATH`` and ``sys.path``, so that the script's first line finds both
+as under torchrun, and the processes the worker starts (Inductor's compile workers, its
+CPU-feature probes, data loaders) enter nothing. It enters ``compile_once`` as the script's
+own ``import torch`` ends (a finder wraps torch's loader:
+``coordinator._compat.imports.AfterImport``), or at once where torch is already imported.
+That entry checks the settings and installs the session's triggers, nothing more: the
+session starts at the first sign of a compile (``coordinator.starts``). A site's own
+``sitecustomize`` further down the path still runs.
 """
 
 import os
@@ -45,7 +45,7 @@ def _enable() -> None:
     _leave_pythonpath()
     if not on:
         return
-    from coordinator.starts import AfterImport
+    from coordinator._compat.imports import AfterImport
 
     finder = AfterImport("torch", _enter)
     finder.install()
