@@ -70,8 +70,10 @@ class SessionStarts:
         self._lock = threading.RLock()
         #: The hooks of each part started, removed in the reverse order.
         self._hooks = contextlib.ExitStack()
-        #: The parts whose start was tried (a failed one is not tried again).
-        self._tried: set[Part] = set()
+        #: The parts whose start began (a failed one is not tried again), and those whose
+        #: start is over: another thread's trigger waits for a start under way.
+        self._began: set[Part] = set()
+        self._over: set[Part] = set()
         self._finders: list[AfterImport] = []
         self._compile: Callable[..., Any] | None = None  # torch.compile as it was
         self._wrapper: Callable[..., Any] | None = None  # and as the triggers made it
@@ -126,15 +128,18 @@ class SessionStarts:
         """Start ``part`` (at ``sign``, which the debug line names), once; never raises.
         Without ``wait``, where another thread is starting a part, a thread of its own
         starts this one once that is done."""
-        if part in self._tried:
+        if part in self._over:
             return
         if not self._lock.acquire(blocking=wait):
             threading.Thread(target=self.start, args=(part, sign), name="coordinator-start", daemon=True).start()
             return
         try:
-            if part not in self._tried:
-                self._tried.add(part)
-                self._start(part, sign)
+            if part not in self._began:  # else it is over, or under way on this thread
+                self._began.add(part)
+                try:
+                    self._start(part, sign)
+                finally:
+                    self._over.add(part)
         finally:
             self._lock.release()
 
@@ -166,7 +171,8 @@ class SessionStarts:
     def close(self) -> None:
         """Remove the triggers and every part's hooks."""
         with self._lock:
-            self._tried.update(Part)  # a trigger that fires from now on starts nothing
+            self._began.update(Part)  # a trigger that fires from now on starts nothing
+            self._over.update(Part)
         for finder in self._finders:
             finder.leave()
         import torch
