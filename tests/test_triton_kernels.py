@@ -72,9 +72,11 @@ def test_three_ranks_compile_each_kernel_and_run_each_tuning_once(tmp_path, alon
     config and hold the same cubins. A restart on empty dirs compiles and benchmarks nothing."""
     store = f"file://{tmp_path / 'store'}"
     # Three ranks of one host (a thread each for configs on this 2-core machine) reach the
-    # tuned kernel together.
+    # tuned kernel together; each compile takes long enough (0.3 s more) for the waiting
+    # ranks to come while the tuner still compiles its configs, however fast the machine.
     trace = tmp_path / "trace"
-    results = _job(tmp_path, store, 3, "job", "--bench-s", "0.2", "--barrier", str(tmp_path / "meet"),
+    results = _job(tmp_path, store, 3, "job", "--bench-s", "0.2", "--compile-s", "0.3",
+                   "--barrier", str(tmp_path / "meet"),
                    LOCAL_WORLD_SIZE="3", COORDINATOR_TRACE=str(trace))
     compiles = Counter(name for r in results for name in r["compiles"])
     assert compiles == Counter(alone["compiles"]), [r["compiles"] for r in results]  # the ranks' sum: one rank's

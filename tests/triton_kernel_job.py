@@ -2,7 +2,7 @@
 
     python triton_kernel_job.py STORE_URL [--no-session] [--bench-s S] [--configs N]
                                 [--save-bundle URL] [--load-bundle URL] [--barrier DIR]
-                                [--fail-first-compile S] [--start-after S]
+                                [--fail-first-compile S] [--start-after S] [--compile-s S]
 
 Its own Triton cache dir is ``TRITON_CACHE_DIR``; its rank ``RANK``. Inside
 ``compile_once(store=STORE_URL)`` it compiles a plain ``@triton.jit`` kernel and runs an
@@ -23,7 +23,8 @@ kernels; with ``--load-bundle`` it installs a bundle before them. With ``--barri
 calls the kernels only once every rank of the job (``WORLD_SIZE``) has reached them.
 ``--fail-first-compile S`` injects a fault: this rank's first Triton compile fails after S
 seconds (its first stage raises), and the rank calls the kernel again; ``--start-after S``
-calls the kernels S seconds after the barrier.
+calls the kernels S seconds after the barrier; ``--compile-s S`` makes each of this rank's
+Triton compiles S seconds longer (its first stage sleeps first), as on a slower machine.
 """
 
 from __future__ import annotations
@@ -138,6 +139,19 @@ def fail_first_compile(after_s: float) -> None:
     CUDABackend.make_ttir = staticmethod(failing)
 
 
+def slow_compiles(seconds: float) -> None:
+    """Each Triton compile of this rank takes ``seconds`` more: its first stage sleeps first."""
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    original = CUDABackend.__dict__["make_ttir"].__func__
+
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    CUDABackend.make_ttir = staticmethod(slow)
+
+
 def meet(directory: str) -> None:
     """Wait until every rank of the job has come here (files in ``directory``)."""
     os.makedirs(directory, exist_ok=True)
@@ -161,6 +175,7 @@ def main() -> None:
     parser.add_argument("--barrier", help="a directory the ranks meet in before the kernels")
     parser.add_argument("--fail-first-compile", type=float, default=None)
     parser.add_argument("--start-after", type=float, default=0.0)
+    parser.add_argument("--compile-s", type=float, default=0.0)
     args = parser.parse_args()
     BENCH_S = args.bench_s
     driver.set_active(NoGPUDriver())
@@ -169,6 +184,8 @@ def main() -> None:
     x, y = torch.zeros(4096), torch.zeros(4096)
 
     _count_module_builds()
+    if args.compile_s:
+        slow_compiles(args.compile_s)
 
     def job() -> None:
         from triton.runtime.build import compile_module_from_src
