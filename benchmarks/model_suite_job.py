@@ -16,6 +16,9 @@ Models are built from HuggingFace ``transformers`` configs (random init, no down
   ``Conv1D``) split into q, k and v, and the output head tied to the embeddings;
 * ``bert``: ``BertForMaskedLM`` under DDP (dropout on);
 * ``convnext``: ``ConvNextForImageClassification`` under DDP;
+* ``fused-qkv``: a decoder of plain ``torch.nn`` layers under DDP (no ``transformers``):
+  one fused q/k/v ``Linear`` whose output is viewed as (q, k, v) heads and unbound, and a
+  GELU MLP; its split graphs take and return views at offsets into one projection;
 * ``qwen-fsdp``: ``Qwen2ForCausalLM`` under FSDP2, ``fully_shard`` and ``compile`` per decoder
   layer (the torchtitan pattern).
 
@@ -37,6 +40,8 @@ import os
 import sys
 import time
 from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
 
 #: The script's first line after the standard library: what the launcher (and, under
 #: coordinator-run, the worker's sitecustomize) cost before it is "launch"; the imports follow.
@@ -47,7 +52,7 @@ import torch.distributed as dist  # noqa: E402
 
 IMPORTED = time.time()
 
-MODELS = ("llama", "llama-dynamic", "llama-solo", "phi3", "gpt2", "bert", "convnext", "qwen-fsdp")
+MODELS = ("llama", "llama-dynamic", "llama-solo", "phi3", "gpt2", "bert", "convnext", "fused-qkv", "qwen-fsdp")
 #: Model sizes: "bench" for benchmarks/model_suite.py, "tiny" for the tests.
 SIZES = {
     "bench": {"hidden": 128, "layers": 2, "heads": 4, "vocab": 512, "batch": 4, "seq": (32, 48), "image": 64},
@@ -61,10 +66,51 @@ SIZES = {
 }
 
 
+class FusedQKVBlock(torch.nn.Module):
+    """A pre-norm decoder block with one fused q/k/v projection."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
+        self.qkv = torch.nn.Linear(hidden, 3 * hidden, bias=False)
+        self.proj = torch.nn.Linear(hidden, hidden)
+        self.up, self.down = torch.nn.Linear(hidden, 4 * hidden), torch.nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        attention = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attention.transpose(1, 2).reshape(b, t, h))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+class FusedQKV(torch.nn.Module):
+    """A small decoder of :class:`FusedQKVBlock` layers; its forward returns ``.loss`` as
+    ``transformers``' models do."""
+
+    def __init__(self, vocab: int, hidden: int, layers: int, heads: int) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.blocks = torch.nn.ModuleList(FusedQKVBlock(hidden, heads) for _ in range(layers))
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.head = torch.nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x))
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+        return SimpleNamespace(loss=loss)
+
+
 def build(name: str, size: dict) -> torch.nn.Module:
+    h, layers, heads = size["hidden"], size["layers"], size["heads"]
+    if name == "fused-qkv":
+        return FusedQKV(size["vocab"], h, layers, heads)
     import transformers as tf
 
-    h, layers, heads = size["hidden"], size["layers"], size["heads"]
     if name.startswith("llama"):
         config = tf.LlamaConfig(vocab_size=size["vocab"], hidden_size=h,
                                 intermediate_size=size.get("intermediate", 2 * h), num_hidden_layers=layers,

@@ -232,6 +232,37 @@ def test_outputs_with_views_aliases_inputs_and_symbolic_sizes_rebuild_exactly():
     assert same_outputs(rebuilt[:1] + rebuilt[2:3] + rebuilt[2:], outputs) is not None
 
 
+def test_a_storage_size_printed_otherwise_but_provably_equal_is_the_same_and_any_other_is_not():
+    """Inductor sized a recompile's buffer ``2048*s + 6144*Max(1, s - 1) - 2048`` (the fused
+    q/k/v model of ``benchmarks/model_suite_job.py`` at 3 ranks), which a rebuild over
+    ``empty_strided`` prints ``8192*s - 8192``: equal for every ``s`` the shape environment
+    allows (at least 2), so the same tensor; a storage size that differs for some ``s`` is not."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+    from torch.utils._sympy.functions import Max
+
+    from coordinator._compat.fake_outputs import describe_outputs, rebuild_outputs, same_outputs
+
+    mode = fake_mode()
+    shape_env = mode.shape_env
+    symbol = shape_env.create_symbol(6, ConstantSource("s_seq"), dynamic_dim=DimDynamic.DYNAMIC)
+    seq = shape_env.create_symintnode(symbol, hint=6)
+
+    def over(nbytes_expr):
+        nbytes = shape_env.create_symintnode(nbytes_expr, hint=int(nbytes_expr.subs(symbol, 6)))
+        with mode:
+            storage = torch.empty((nbytes,), dtype=torch.uint8).untyped_storage()
+            return torch.empty((0,)).set_(storage, 0, [4 * seq - 4, 512], [512, 1])
+
+    inductors = over(2048 * (symbol - 1) + 6144 * Max(1, symbol - 1))
+    rebuilt = rebuild_outputs(describe_outputs([inductors], []), mode)
+    assert str(rebuilt[0].untyped_storage().nbytes()) != str(inductors.untyped_storage().nbytes())
+    assert same_outputs(rebuilt, [inductors]) is None
+    # Larger where s is 2, equal from 3 on: not the same.
+    larger = over(2048 * (symbol - 1) + 6144 * Max(2, symbol - 1))
+    assert same_outputs(rebuilt, [larger]) is not None
+
+
 def forward_graph_outputs(module: torch.nn.Module, x: torch.Tensor, dynamic: bool) -> tuple[list, list]:
     """The fake outputs and inputs of the forward graph AOTAutograd builds for ``module``
     (what ``FakifiedOutWrapper`` returns for a split graph): torch's own, to compare with."""
