@@ -159,6 +159,10 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   its frame's function, the split frame's part, Dynamo's compile id), for the claims a
   waiting rank names: ``CompileContext.current_compile_id``, ``TracingContext.traced_code``,
   ``logging_utils.graph_being_compiled``. Read from 2.13.0's source; ran on 2.13.0 (CPU tests).
+* ``inductor_setup``: Inductor's one-time set-up ahead of a process's first compile
+  (``set_up_inductor``: ``compile_fx`` imported, ``codecache.torch_key``, Triton codegen's
+  modules on a GPU, ``post_grad.lazy_init``). Read from 2.13.0's source; ran on 2.13.0 and
+  2.14.1 (CPU tests).
 * ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
 """
@@ -209,6 +213,7 @@ from coordinator._compat.guards import (
     collective_switches_off,
     rank_reads,
 )
+from coordinator._compat.inductor_setup import set_up as set_up_inductor
 from coordinator._compat.precompile import (
     PRECOMPILE_VERSIONS,
     complete_package,
@@ -327,6 +332,7 @@ __all__ = [
     "route_autotune_cache",
     "routed_remote_caches",
     "share_config_kept_from_cache",
+    "set_up_inductor",
     "size_compile_pool",
     "ships_kernels",
     "split_frames",

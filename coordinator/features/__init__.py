@@ -13,6 +13,7 @@ from coordinator.features.base import Context, Feature, Part
 from coordinator.features.compile_choices import CompileChoicesOnce
 from coordinator.features.compile_workers import CompileWorkers
 from coordinator.features.early_backward import EarlyBackwards
+from coordinator.features.inductor_setup import InductorSetUp
 from coordinator.features.local_hits import LocalHits
 from coordinator.features.persistent import PersistentLayer
 from coordinator.features.precompiled import PrecompiledFunctions
@@ -37,6 +38,7 @@ FEATURES: list[type[Feature]] = [
     PrecompiledFunctions,
     CompileChoicesOnce,
     CompileWorkers,
+    InductorSetUp,
     TritonKernels,
 ]
 

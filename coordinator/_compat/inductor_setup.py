@@ -1,0 +1,76 @@
+"""Inductor's one-time set-up in a process, done ahead of its first compile.
+
+A process's first Inductor compile pays for things that every later compile finds done:
+Inductor's modules imported, torch's build hash that every cache key holds
+(``codecache.torch_key``), on a GPU the modules that generate and launch Triton kernels
+(imported with no CUDA call: a thread of a rank must not make a context on another rank's
+device), and the post-grad pattern matcher's patterns, traced and registered once
+(``post_grad.lazy_init``, an ``init_once_fakemode`` function, called with no argument as
+Inductor calls it). Each step is one that torch's first compile takes itself, in the same
+call, so taking it earlier changes no result. The steps run in the order a compile needs
+them: a hit needs all but the patterns, which only a miss traces.
+
+Left to the compile: the joint-graph patterns (Inductor initializes them for the device of
+the graph's inputs) and the CPU's vector-ISA probes (a rank that receives its first graph
+receives the probes' libraries with it, ``_compat.cpu_isa``).
+
+``lazy_init`` saves Inductor's counters and puts the saved copy back when it is done, and
+traces with fake tensors: no step may run beside a compile. :func:`set_up` stops between
+steps once asked to (``stop``), and the caller makes a compile wait for the step under way
+(``coordinator.features.inductor_setup``).
+
+Private names: ``torch._inductor.compile_fx`` (imported),
+``torch._inductor.codecache.torch_key``, ``torch._inductor.codegen.triton`` and
+``torch._inductor.runtime.triton_heuristics`` (imported),
+``torch._inductor.fx_passes.post_grad.lazy_init``. Read from 2.13.0's source; ran on
+2.13.0 and 2.14.1 (CPU tests). A step this torch lacks is skipped.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+
+def _import(name: str) -> Callable[[], object]:
+    return lambda: importlib.import_module(name)
+
+
+def _call(module: str, function: str) -> Callable[[], object]:
+    return lambda: getattr(importlib.import_module(module), function)()
+
+
+def steps(gpu: bool) -> list[tuple[str, Callable[[], object]]]:
+    """The set-up's steps, in the order a compile needs them: (name, what runs)."""
+    found = [
+        ("import compile_fx", _import("torch._inductor.compile_fx")),
+        ("torch_key", _call("torch._inductor.codecache", "torch_key")),
+    ]
+    if gpu:
+        found += [("import Triton codegen", _import("torch._inductor.codegen.triton")),
+                  ("import Triton heuristics", _import("torch._inductor.runtime.triton_heuristics"))]
+    found.append(("post-grad patterns", _call("torch._inductor.fx_passes.post_grad", "lazy_init")))
+    return found
+
+
+def set_up(gpu: bool, stop: threading.Event) -> dict[str, float]:
+    """Run the steps (``gpu``: those of a process that compiles for a GPU) until ``stop`` is
+    set; the seconds each step taken took. A step that fails is logged and skipped: the
+    first compile takes it again."""
+    seconds: dict[str, float] = {}
+    for name, step in steps(gpu):
+        if stop.is_set():
+            break
+        began = time.perf_counter()
+        try:
+            step()
+        except Exception as exc:  # the first compile does it, as without the set-up
+            log.debug("compile_once: Inductor's set-up step %r failed: %s", name, exc)
+            continue
+        seconds[name] = time.perf_counter() - began
+    return seconds
