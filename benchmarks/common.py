@@ -262,6 +262,12 @@ def suite_command(launcher: str, n: int, model: str, out: Path, args: argparse.N
                           "--json", str(out), *job_args, launcher_args=launcher_args)
 
 
+def ranks_label(n: int, emulated: int) -> str:
+    """A table's N: ``"2"``, or ``"2, emulated on 1 GPU (gloo)"`` where the ranks shared the
+    machine's ``emulated`` GPUs."""
+    return f"{n}, emulated on {emulated} GPU (gloo)" if emulated else str(n)
+
+
 def suite_backend(env: dict[str, str], n: int, gpu: bool) -> None:
     """Where ``n`` ranks on GPUs outnumber the machine's GPUs, they share them over gloo."""
     if gpu and n > 1 and n > gpu_count():
@@ -293,7 +299,10 @@ def stock_or_ours_job(name: str, model: str, n: int, args: argparse.Namespace, *
         exit_times = Path(f"{out}.exit-rank{rank['rank']}.json")
         if exit_times.exists():
             rank.update(json.loads(exit_times.read_text()))
-    return {"job": name, "model": model, "n": n, "wall_s": done.wall_s, **done.result}, done.output
+    # Ranks that share the machine's GPUs over gloo emulate a node: labelled so (the GPUs shared).
+    emulated = gpu_count() if env.get("SUITE_BACKEND") == "gloo" else 0
+    return {"job": name, "model": model, "n": n, "emulated": emulated, "wall_s": done.wall_s, **done.result}, \
+        done.output
 
 
 # -- a job's ranks -------------------------------------------------------------------------

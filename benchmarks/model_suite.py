@@ -287,7 +287,8 @@ def split_row(job: dict, stock: dict, pair: int) -> dict:
     ranks = job["ranks"]
     steps, stock_steps = step_times(job), step_times(stock)
     return {
-        "model": job["model"], "n": job["n"], "pair": pair, "job": job["job"], "wall_s": job["wall_s"],
+        "model": job["model"], "n": job["n"], "emulated": job.get("emulated", 0), "pair": pair,
+        "job": job["job"], "wall_s": job["wall_s"],
         "ratio": job["wall_s"] / stock["wall_s"], "steps_s": steps,
         "step_ratios": [a / b for a, b in zip(steps, stock_steps, strict=True)],
         "compile_s": common.compile_seconds(ranks), "aot": common.aot_counts(ranks),
@@ -342,7 +343,8 @@ def split_markdown(args: argparse.Namespace, raw: dict, table: list[dict]) -> st
                                                 f"{p['share_s']:.1f}/{p['waited_s']:.1f}" for p in frame)
                           for n, frame in enumerate(r.get("parts", []))) or "-"
         lines.append(
-            f"| {r['model']} | {r['n']} | {r['pair'] + 1} | {r['job']} | {r['wall_s']:.1f} | {r['ratio']:.2f}× | "
+            f"| {r['model']} | {common.ranks_label(r['n'], r['emulated'])} | {r['pair'] + 1} | {r['job']} | "
+            f"{r['wall_s']:.1f} | {r['ratio']:.2f}× | "
             f"{r['steps_s'][0]:.1f} | {r['step_ratios'][0]:.2f}× | {r['steps_s'][-1]:.1f} | "
             f"{r['step_ratios'][-1]:.2f}× | {compile_s} | {r['aot']['miss']} / {r['aot']['hit']} "
             f"({r['aot']['bypass']}) | {r['fx_compiled']} | {per_frame} | {price} | {parts} | "
