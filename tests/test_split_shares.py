@@ -104,6 +104,11 @@ def test_a_recompile_shares_every_graph_of_a_model_with_rotary_like_tables(job, 
         assert [(f["graphs"], f["served"], f["missed"]) for f in shares(r)["frames"]] == [(n, n, 0) for n in sizes]
     assert [sum(r_frames) for r_frames in zip(*([f["compiled"] for f in shares(r)["frames"]] for r in ours),
                                                 strict=True)] == sizes
+    # The first split was dealt by operator counts; the recompile's, by the seconds each
+    # submodule's compile took in it, alike on every rank: each submodule dealt once.
+    assert all([f["costs_from"] for f in shares(r)["frames"]] == ["operators", "seconds of frame #0"]
+               for r in ours), [shares(r)["frames"] for r in ours]
+    assert sum(shares(r)["frames"][1]["dealt"] for r in ours) == sizes[1]
     from coordinator.observe.report import write_report
 
     report = write_report(trace, picture=False)

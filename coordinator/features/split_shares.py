@@ -16,7 +16,10 @@ So when a frame is split, before its chain, each rank compiles a share of its su
   Submodules of one kind (identical layers: the same operations on inputs of the same
   sizes, which compile to the same FX graphs) go to one rank together, where the first
   compiles the graphs and the others find them in Inductor's cache. Every rank computes
-  the same deal from the same frame.
+  the same deal from the same frame. A frame split again (Dynamo's recompile of the same
+  frame, into as many submodules) is dealt by what each submodule's compile took the first
+  time, as its owner published it with its slot, where every slot has that value; else
+  by operator counts again.
 * **Slots.** Each submodule has a slot in the store, keyed by the job, a digest of the
   split frame that every rank computes alike, the compile settings, and its index. A rank
   claims the slots of a group just before it compiles it, compiles each submodule from its
@@ -82,7 +85,7 @@ CLAIM_GRACE_S = 5.0
 
 
 class FrameCounts(Counts, graphs=0, dealt=0, compiled=0, taken=0, served=0, missed=0, compile_id="", share_s=0.0,
-                  chain_s=0.0, waited_s=0.0):
+                  chain_s=0.0, waited_s=0.0, costs_from=""):
     """One split frame, as this rank saw it (frames numbered in the order this process
     split them, the same on every rank that runs the same steps): its submodules (split
     ``graphs``); those the deal gave this rank (``dealt``); those this rank ``compiled`` for
@@ -93,7 +96,9 @@ class FrameCounts(Counts, graphs=0, dealt=0, compiled=0, taken=0, served=0, miss
     spent on its share of the frame (``share_s``: its inputs, claims, compiles) and those of
     the frame's chain on this rank (``chain_s``: looking up, waiting for, loading or compiling
     each submodule), not counting the backward graphs it compiled lazily, ``waited_s`` of
-    them waiting on other ranks' shares."""
+    them waiting on other ranks' shares; and what the deal weighed its submodules by
+    (``costs_from``: ``"operators"``, or ``"seconds of frame #N"``, the first split of the
+    same frame)."""
 
 
 class SplitShareCounts(Counts, compiled=0, skipped=0, lost=0, failed=0, seconds=0.0, waited=0, missed=0,
@@ -135,7 +140,7 @@ def kind_groups(count: int, kinds: list[str] | None) -> list[list[int]]:
     return list(groups.values())
 
 
-def deal(costs: list[int], world: int, kinds: list[str] | None = None) -> list[int]:
+def deal(costs: list[float], world: int, kinds: list[str] | None = None) -> list[int]:
     """The rank that compiles each submodule. Submodules of one kind (``kinds``: the same
     graphs, which Inductor compiles once and then finds in its cache) go to one rank
     together, as a group that costs its first member's cost and :data:`REPEAT_COST` of
@@ -212,6 +217,9 @@ class SplitShares(Feature, counts=SplitShareCounts):
         self._slots: dict[tuple[int, int], tuple[str, str]] = {}
         #: A split frame -> its number (the order this process split them in).
         self._numbers: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        #: (Dynamo's frame id, submodules) -> the number and slot keys of the first frame
+        #: split so that had shares: a recompile of it is dealt by their measured seconds.
+        self._first_split: dict[tuple[str, int], tuple[int, list[str]]] = {}
 
     def compiling(self) -> bool:
         """Whether this thread is compiling a share's submodule."""
@@ -302,7 +310,7 @@ class SplitShares(Feature, counts=SplitShareCounts):
         started = time.monotonic()
         try:
             slots = self._slot_keys(frame)
-            costs, kinds = frame.costs(), frame.kinds()
+            costs, kinds = self._costs(flight, frame, counts, [slot for slot, _ in slots]), frame.kinds()
             owners = [peers[owner] for owner in deal(costs, len(peers), kinds)]
             counts.dealt = owners.count(rank)
             log.debug("compile_once: split frame #%d (%s): costs %s, kinds %s, owners %s",
@@ -323,6 +331,29 @@ class SplitShares(Feature, counts=SplitShareCounts):
         finally:
             counts.share_s = time.monotonic() - started
             self.counts.seconds += counts.share_s
+
+    def _costs(self, flight: Singleflight, frame: Any, counts: FrameCounts, slots: list[str]) -> list[float]:
+        """What each submodule of ``frame`` costs the deal: the seconds its compile took in
+        the first split of the same frame (Dynamo's frame id, as many submodules), as each
+        owner published them with its slot, where all of them are in the store; else its
+        operator count. Every rank reads the same published values (the first frame's
+        chains waited for them), so every rank deals alike; one that reads otherwise deals
+        otherwise, and the claims still give each submodule one rank."""
+        family = (counts.compile_id.split("/")[0], len(frame))
+        first = self._first_split.get(family) if family[0] else None
+        if first is None:
+            if family[0]:
+                self._first_split[family] = (len(self.counts.frames) - 1, slots)
+            counts.costs_from = "operators"
+            return [float(cost) for cost in frame.costs()]
+        number, earlier = first
+        try:
+            seconds = [float(flight.lookup(slot, blocking=False).value or b"") for slot in earlier]
+        except ValueError:  # a slot with no value (its submodule left to the chains) or the store's silence
+            counts.costs_from = "operators"
+            return [float(cost) for cost in frame.costs()]
+        counts.costs_from = f"seconds of frame #{number}"
+        return seconds
 
     def _slot_keys(self, frame: Any) -> list[tuple[str, str]]:
         """Each submodule's slot (this job's) and "done" mark (any job's) keys."""
@@ -354,14 +385,16 @@ class SplitShares(Feature, counts=SplitShareCounts):
         rank's deal), then end its slot."""
         if flight.lookup(done, blocking=False).value is not None:
             self.counts.skipped += 1  # a job before this one compiled it: in the store
-            self._mark(flight, slot)
+            self._mark(flight, slot, b"in the store")  # no seconds to deal a recompile by
             return
         began = time.time()
         outcome = "failed"
+        seconds = 0.0
         self._running.share = True
         try:
             with flight.no_waits():
                 saved = frame.compile(index)
+            seconds = time.time() - began
             outcome = "compiled" if saved else "skipped"
         except Exception as exc:
             if _compat.is_restart(exc):
@@ -385,16 +418,17 @@ class SplitShares(Feature, counts=SplitShareCounts):
                           taken=taken)
         if outcome == "compiled":
             # Behind its entries, which the writer publishes first: a follower woken by
-            # the slot finds them.
+            # the slot finds them. The slot's value is the compile's seconds, which a
+            # recompile of the frame is dealt by.
             self._mark(flight, done)
-            self._mark(flight, slot)
+            self._mark(flight, slot, f"{seconds:.3f}".encode())
             log.debug("compile_once: compiled split graph %d of a frame for the job", index)
         else:
             flight.abandon(slot)
 
     @staticmethod
-    def _mark(flight: Singleflight, key: str) -> None:
-        flight.publish_behind(key, lambda: b"1", nbytes=1, what=f"split share {short_key(key)}")
+    def _mark(flight: Singleflight, key: str, value: bytes = b"1") -> None:
+        flight.publish_behind(key, lambda: value, nbytes=len(value), what=f"split share {short_key(key)}")
 
     # -- the chain ---------------------------------------------------------------------------
 
