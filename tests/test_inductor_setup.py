@@ -5,8 +5,7 @@ without the coordinator; ours, inside ``compile_once`` with a ``file://`` store,
 script waiting after ``torch.compile`` (the set-up ends before the first frame), once
 compiling at once (the frame stops the set-up and waits for the step under way), and once as
 a restart from the same store (no set-up). Every run computes the same outputs and gradients,
-bit for bit, and Inductor's pattern matcher matches the same patterns as stock's: the
-patterns traced ahead are Inductor's own, registered once.
+bit for bit, and Inductor's pattern matcher matches the same patterns as stock's.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from pathlib import Path
 from conftest import machine_env
 
 JOB = str(Path(__file__).with_name("inductor_setup_job.py"))
-STEPS = {"import compile_fx", "torch_key", "post-grad patterns"}
+STEPS = {"import compile_fx", "torch_key"}
 
 
 def run(tmp_path: Path, name: str, *args: str) -> dict:
@@ -49,7 +48,7 @@ def test_the_setup_runs_before_the_first_compile_and_changes_nothing_it_compiles
     assert set(ahead["setup"]["steps"]) == STEPS and ahead["setup"]["waited_s"] == 0, ahead["setup"]
     # The frame came at once: the steps taken before it are the first ones, in order.
     taken = list(at_once["setup"]["steps"])
-    assert taken == ["import compile_fx", "torch_key", "post-grad patterns"][:len(taken)], at_once["setup"]
+    assert taken == ["import compile_fx", "torch_key"][:len(taken)], at_once["setup"]
     # A restart whose entries are in the store: no set-up.
     assert restart["setup"]["skipped"] == "a restart" and restart["setup"]["steps"] == {}, restart["setup"]
     assert restart["fx_misses"] == 0

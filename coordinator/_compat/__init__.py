@@ -161,8 +161,7 @@ One module per hook, with the private names it uses and where it ran beyond 2.13
   ``logging_utils.graph_being_compiled``. Read from 2.13.0's source; ran on 2.13.0 (CPU tests).
 * ``inductor_setup``: Inductor's one-time set-up ahead of a process's first compile
   (``set_up_inductor``: ``compile_fx`` imported, ``codecache.torch_key``, Triton codegen's
-  modules on a GPU, ``post_grad.lazy_init``). Read from 2.13.0's source; ran on 2.13.0 and
-  2.14.1 (CPU tests).
+  modules on a GPU). Read from 2.13.0's source; ran on 2.13.0 and 2.14.1 (CPU tests).
 * ``distributed``: NCCL timeouts (``extend_nccl_timeouts``, ``has_nccl_process_group``) and
   the default store (``default_c10d_store``). 2.11.0 on GPUs.
 """

@@ -2,27 +2,23 @@
 
 A process's first Inductor compile pays for things that every later compile finds done:
 Inductor's modules imported, torch's build hash that every cache key holds
-(``codecache.torch_key``), on a GPU the modules that generate and launch Triton kernels
+(``codecache.torch_key``), and on a GPU the modules that generate and launch Triton kernels
 (imported with no CUDA call: a thread of a rank must not make a context on another rank's
-device), and the post-grad pattern matcher's patterns, traced and registered once
-(``post_grad.lazy_init``, an ``init_once_fakemode`` function, called with no argument as
-Inductor calls it). Each step is one that torch's first compile takes itself, in the same
-call, so taking it earlier changes no result. The steps run in the order a compile needs
-them: a hit needs all but the patterns, which only a miss traces.
+device). Each step is one that torch's first compile, hit or miss, takes itself, in the
+same call, so taking it earlier changes no result.
 
-Left to the compile: the joint-graph patterns (Inductor initializes them for the device of
-the graph's inputs) and the CPU's vector-ISA probes (a rank that receives its first graph
-receives the probes' libraries with it, ``_compat.cpu_isa``).
+Left to the compile: the pattern matcher's patterns (their tracing sets FX's process-wide
+tracing state, which a module call on another thread then meets: Dynamo refuses to run a
+compiled function under FX tracing), and the CPU's vector-ISA probes (a rank that receives
+its first graph receives the probes' libraries with it, ``_compat.cpu_isa``).
 
-``lazy_init`` saves Inductor's counters and puts the saved copy back when it is done, and
-traces with fake tensors: no step may run beside a compile. :func:`set_up` stops between
-steps once asked to (``stop``), and the caller makes a compile wait for the step under way
-(``coordinator.features.inductor_setup``).
+:func:`set_up` stops between steps once asked to (``stop``), and the caller makes a compile
+wait for the step under way (``coordinator.features.inductor_setup``): no import runs beside
+a compile's tracing.
 
 Private names: ``torch._inductor.compile_fx`` (imported),
 ``torch._inductor.codecache.torch_key``, ``torch._inductor.codegen.triton`` and
-``torch._inductor.runtime.triton_heuristics`` (imported),
-``torch._inductor.fx_passes.post_grad.lazy_init``. Read from 2.13.0's source; ran on
+``torch._inductor.runtime.triton_heuristics`` (imported). Read from 2.13.0's source; ran on
 2.13.0 and 2.14.1 (CPU tests). A step this torch lacks is skipped.
 """
 
@@ -54,7 +50,6 @@ def steps(gpu: bool) -> list[tuple[str, Callable[[], object]]]:
     if gpu:
         found += [("import Triton codegen", _import("torch._inductor.codegen.triton")),
                   ("import Triton heuristics", _import("torch._inductor.runtime.triton_heuristics"))]
-    found.append(("post-grad patterns", _call("torch._inductor.fx_passes.post_grad", "lazy_init")))
     return found
 
 

@@ -1,21 +1,21 @@
 """Inductor's one-time set-up, done once a rank while the script still builds its job.
 
 A rank's first compile pays for Inductor's one-time set-up (``_compat.inductor_setup``:
-its modules, torch's build hash, on a GPU Triton's code generation, the post-grad
-patterns). In a DDP job that first compile is the rank's first share of a split frame
-(``coordinator.features.split_shares``), so the set-up lands inside the share, on the job's
-critical path. When the session's compile part starts (the script's ``torch.compile``
-call, before it builds DDP and its optimizer), this feature runs the set-up in a thread of
-its own, while the script goes on.
+its modules, torch's build hash, on a GPU Triton's code generation). In a DDP job that
+first compile is the rank's first share of a split frame
+(``coordinator.features.split_shares``), so the set-up lands inside the share, on the
+job's critical path. When the session's compile part starts (the script's
+``torch.compile`` call, before it builds DDP and its optimizer), this feature runs the
+set-up in a thread of its own, while the script goes on.
 
-No step runs beside a compile (the patterns' tracing saves and restores Inductor's counters
-and traces with fake tensors): when a compile starts on any thread (Dynamo's start
-callback, before a frame is traced or a lazy backward compiled), the set-up stops after the
-step under way, and the compile waits for that step; the compile takes what was left
-itself, as without the set-up. So a step runs once, on one thread, and a compile waits at
-most one step that its own start would have run first (the steps run in the order a
-compile needs them). The wait ends when the step does (none waits on another rank or
-compiles) or after ``WAIT_S``.
+No step runs beside a compile's tracing (a module imported while Dynamo reads the tables
+it fills): when a compile starts on any thread (Dynamo's start callback, before a frame
+is traced or a lazy backward compiled), the set-up stops after the step under way, and
+the compile waits for that step; the compile takes what was left itself, as without the
+set-up. So a step runs once, on one thread, and a compile waits at most one step that
+its own start would have run first (the steps run in the order a compile needs them).
+The wait ends when the step does (none waits on another rank or compiles) or after
+``WAIT_S``.
 
 A restart whose entries hit compiles nothing itself: where the prefetch read an index that
 names entries (``Prefetch.expects_entries``), there is no set-up.
