@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from coordinator.bundles.format import read_bundle
 from coordinator.bundles.install import load_bundle
 from coordinator.bundles.keys import bundle_key, bundle_url
-from coordinator.bundles.transfer import copy_bundles, save_bundle
+from coordinator.bundles.transfer import copy_bundles, missing_bundle, save_bundle
 from coordinator.errors import ConfigError, CoordinatorError, IntegrityError
 from coordinator.protocol.fingerprint import fingerprint
 from coordinator.protocol.stores import shown_url
@@ -42,9 +42,11 @@ def _read_source(source: str, name: str, config: Config) -> bytes:
     if "://" in source:
         from coordinator.protocol.stores import open_store
 
-        blob = open_store(source).get(bundle_key(name, config=config))
+        store = open_store(source)
+        key = bundle_key(name, config=config)
+        blob = store.get(key)
         if blob is None:
-            raise FileNotFoundError(f"no bundle {name!r} for environment {fingerprint()} in {shown_url(source)}")
+            raise missing_bundle(store, key, name, shown_url(source))
         return blob
     with open(source, "rb") as f:
         return f.read()

@@ -47,7 +47,7 @@ from coordinator.protocol.singleflight import LookupResult, Owner, Singleflight
 from coordinator.protocol.stores import open_store
 from coordinator.protocol.stores.base import TimedStore
 from coordinator.protocol.writer import BackgroundWriter
-from coordinator.settings import Config
+from coordinator.settings import MIN_SECRET_BYTES, Config
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,9 @@ class Session:
         rank = _current_rank()
         self.stats.rank, self.stats.store = rank, store.name
         self._node = NodeCache(_compat.inductor_cache_dir(), self.events)
-        self._prefix = key_prefix(self.config.secret, self.config.namespace)
+        self._prefix = key_prefix(self.config.store_secret, self.config.namespace)
+        if self.config.store_secret is None:
+            _say_unsigned_once(store.name)
         job = this_job()
         self._devices = DeviceIndices(store, self._prefix, job, rank)
         self._devices.publish()
@@ -350,7 +352,7 @@ class Session:
     def _verified(self, kind: str, key: str, value: bytes) -> Sealed | None:
         """``value`` opened and verified, or ``None`` (logged) if it fails any check."""
         try:
-            return open_sealed(key, value, secret=self.config.secret)
+            return open_sealed(key, value, secret=self.config.store_secret)
         except IntegrityError as exc:
             log.warning("compile_once: rejected %s entry %s from the store: %s", kind, key, exc)
             self.events.instant("rejected", key=short_key(key), why=str(exc))
@@ -412,7 +414,7 @@ class Session:
         node = self._node
 
         def sealed() -> bytes:
-            blob = seal(key, data, meta=meta, files=files, secret=self.config.secret)
+            blob = seal(key, data, meta=meta, files=files, secret=self.config.store_secret)
             try:
                 node.write(key, blob)  # local ranks read it from disk, not the store
             except OSError as exc:
@@ -454,6 +456,18 @@ class Session:
             self._flight.close()
         self.events.compiles_ended()
         self.events.close()
+
+
+_told_unsigned = threading.Event()
+
+
+def _say_unsigned_once(store: str) -> None:
+    """Say once per process that the store's values are checked but not authenticated."""
+    if not _told_unsigned.is_set():
+        _told_unsigned.set()
+        log.info("compile_once: values in the %s store are checksummed but not authenticated (anyone who can "
+                 "write to it can make the ranks load native code); set COORDINATOR_SECRET (%d bytes or more, "
+                 "the same on every rank) to sign them", store, MIN_SECRET_BYTES)
 
 
 def _store_name(store: Any) -> str:

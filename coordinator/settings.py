@@ -151,6 +151,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: The shortest secret taken (``secret``, ``job_secret``): 128 bits.
+MIN_SECRET_BYTES = 16
+
+#: The settings whose values are secrets: never shown; set but empty is refused, not unset.
+_SECRETS = ("secret", "job_secret")
+
 #: The settings that are whole numbers: each one's least value, and the reason an error gives.
 _WHOLE_NUMBERS = (("publish_queue_mb", 0, "must be a whole number of MB, 0 or more"),
                   ("prefetch_mb", 0, "must be a whole number of MB, 0 or more"),
@@ -183,7 +189,16 @@ class Config:
         None, env="COORDINATOR_SECRET", parse=_text,
         help="sign every value with HMAC-SHA256 and refuse unsigned or wrongly signed ones (default: none)")
     """Shared secret: when set, every value is signed with HMAC-SHA256 and unsigned or
-    wrongly signed values are refused."""
+    wrongly signed values are refused. At least ``MIN_SECRET_BYTES`` long; with none, the
+    job's own store is signed with ``job_secret`` where ``coordinator-run`` made one, and
+    everything else (a store URL, the persistent layer, bundles) is checksummed only."""
+
+    job_secret: bytes | None = _setting(
+        None, env="COORDINATOR_JOB_SECRET", parse=_text,
+        help="set by coordinator-run for its workers: signs the job's own store when no secret is set")
+    """A secret one job's processes share (``coordinator-run`` makes one per launch and hands
+    it to its workers in their environment): with no ``secret`` set, it signs the values in
+    the job's own store, which no later job reads. It never signs what outlives the job."""
 
     lease: timedelta = _setting(
         timedelta(seconds=20), env="COORDINATOR_LEASE_S", parse=_seconds,
@@ -327,10 +342,17 @@ class Config:
     trace JSON into this directory, for ``coordinator report`` (``coordinator.observe.trace``)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.secret, str):
-            self.secret = self.secret.encode()
-        if self.secret is not None and len(self.secret) == 0:
-            self.secret = None
+        for name in _SECRETS:
+            value = getattr(self, name)
+            if isinstance(value, str):
+                value = value.encode()
+                setattr(self, name, value)
+            if value is not None and len(value) < MIN_SECRET_BYTES:  # its value is never shown
+                reason = (f"a secret of {len(value)} bytes is refused: it must be at least {MIN_SECRET_BYTES} "
+                          "bytes (unset it to run unsigned)")
+                error = ConfigError(f"{name}: {reason}")
+                error.setting, error.reason = name, reason
+                raise error
         for name in ("lease", "wait_timeout", "progress_interval", "drain_timeout"):
             value = getattr(self, name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -398,6 +420,15 @@ class Config:
     def _invalid(self, name: str, reason: str) -> ConfigError:
         return _invalid(name, getattr(self, name), reason)
 
+    @property
+    def store_secret(self) -> bytes | None:
+        """The secret values in the live store are signed with: ``secret``, else the job's
+        own (``job_secret``) where the store is the job's TCPStore and nothing is persisted
+        (its values die with the job), else none."""
+        if self.secret is not None:
+            return self.secret
+        return self.job_secret if self.store is None and self.persist is None else None
+
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None, *, sources: Mapping[str, str] | None = None,
                 **arguments: Any) -> Config:
@@ -419,7 +450,7 @@ class Config:
             mine, theirs = getattr(self, field.name), getattr(other, field.name)
             if mine is theirs or (type(mine) is type(theirs) and mine == theirs):
                 continue
-            if field.name == "secret":
+            if field.name in _SECRETS:
                 shown = ("none" if mine is None else "set",
                          "none" if theirs is None else "set" if mine is None else "another one")
             else:
@@ -698,10 +729,11 @@ def _resolve(cls: type, environ: Mapping[str, str] | None, sources: Mapping[str,
         env_name = field.metadata["env"]
         if arguments.get(field.name) is not None:
             values[field.name] = arguments[field.name]
-        elif (names is None or field.name in names) and environ.get(env_name):
+        elif (names is None or field.name in names) and (
+                environ.get(env_name) or (field.name in _SECRETS and env_name in environ)):
             source = (sources or {}).get(env_name, env_name)
             values[field.name] = field.metadata["parse"](source, environ[env_name])
-            from_environ[field.name] = given(source, environ[env_name])
+            from_environ[field.name] = source if field.name in _SECRETS else given(source, environ[env_name])
     try:
         return cls(**values)
     except ConfigError as exc:

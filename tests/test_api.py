@@ -82,7 +82,7 @@ def test_a_nested_compile_once_with_the_same_settings_joins_the_active_one(tmp_p
         assert outer.flight().drain(timedelta(seconds=30))  # published behind the compile
         assert coordinator.stats()["by_cache"]["fx_graph"]["published"] == 1
         with pytest.raises(ConfigError) as refused:
-            with coordinator.compile_once(lease=3, namespace="team", secret="s3cret"):
+            with coordinator.compile_once(lease=3, namespace="team", secret="s3cret-0123456789"):
                 pass
         message = str(refused.value)
         assert "lease (COORDINATOR_LEASE_S): active 7s, requested 3s" in message

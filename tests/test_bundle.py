@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 
@@ -118,8 +119,8 @@ def _forge(blob):
     [
         (lambda: synthetic()[0][:-50], None, IntegrityError, "not a coordinator bundle"),
         (lambda: _forge(synthetic()[0]), None, IntegrityError, "checksum mismatch in bundle artifact 'megacache'"),
-        (lambda: synthetic(secret=b"right")[0], b"wrong", IntegrityError, "signature mismatch"),
-        (lambda: synthetic()[0], b"right", IntegrityError, "unsigned"),
+        (lambda: synthetic(secret=b"right-secret-0123")[0], b"wrong-secret-0123", IntegrityError, "signature mismatch"),
+        (lambda: synthetic()[0], b"right-secret-0123", IntegrityError, "unsigned"),
         (lambda: synthetic(env=dict(coordinator.environment(), torch="2.11.0", gpu="NVIDIA H200 sm_90"))[0], None,
          EnvironmentMismatch, "gpu: NVIDIA H200 sm_90 != none; torch: 2.11.0 != "),
     ],
@@ -214,13 +215,13 @@ def test_save_bundle_inside_a_session_uses_its_secret_and_namespace(tmp_path, mo
     monkeypatch.delenv("COORDINATOR_NAMESPACE", raising=False)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     url = f"file://{tmp_path / 'bundles'}"
-    with coordinator.compile_once(f"file://{tmp_path / 'store'}", secret="session-secret", namespace="team"):
+    with coordinator.compile_once(f"file://{tmp_path / 'store'}", secret="session-secret-0123", namespace="team"):
         coordinator.save_bundle(url)
     blob = coordinator.open_store(url).get(bundle_key(namespace="team"))
     assert blob is not None and coordinator.open_store(url).get(bundle_key(namespace="")) is None
-    assert read_bundle(blob, secret=b"session-secret").describe()["signature"] == "HMAC-SHA256, verified"
+    assert read_bundle(blob, secret=b"session-secret-0123").describe()["signature"] == "HMAC-SHA256, verified"
     with pytest.raises(IntegrityError, match="signature mismatch"):
-        read_bundle(blob, secret=b"another")
+        read_bundle(blob, secret=b"another-secret-0123")
 
 
 def test_cli_exits_non_zero_on_a_bundle_it_cannot_read_or_publish(tmp_path, capsys):
@@ -274,3 +275,74 @@ def test_a_bundle_larger_than_redis_can_hold_is_refused(tmp_path, capsys):
         assert f"the bundle is {len(blob)} bytes; redis 127.0.0.1:{server.port}/0 holds at most" in err, err
     finally:
         server.kill()
+
+
+SECRET = b"the-team's-secret-0123"
+
+
+def test_a_forged_bundle_is_refused_with_the_secret_and_never_called_verified_without_it(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """A bundle forged by anyone who can write to the store (every checksum valid, the MAC
+    zeroed or left out) is refused wherever the secret is known; without it, ``inspect``
+    says what it checked and never "verified"."""
+    from coordinator.cli import main
+
+    _, body, digest, mac = msgpack.unpackb(synthetic(secret=SECRET)[0])
+    zeroed = msgpack.packb([coordinator.protocol.integrity.MAGIC, body, digest, bytes(len(mac))], use_bin_type=True)
+    unsigned = synthetic()[0]
+    for forged, reason in ((zeroed, "signature mismatch"), (unsigned, "unsigned but a secret is configured")):
+        with pytest.raises(IntegrityError, match=reason):
+            read_bundle(forged, secret=SECRET)
+    monkeypatch.delenv("COORDINATOR_SECRET", raising=False)
+    signatures = {}
+    for name, blob in (("zeroed", zeroed), ("unsigned", unsigned), ("signed", synthetic(secret=SECRET)[0])):
+        (tmp_path / name).write_bytes(blob)
+        assert main(["bundle", "inspect", str(tmp_path / name)]) == 0
+        signatures[name] = json.loads(capsys.readouterr().out)["signature"]
+    assert signatures["unsigned"] == "unsigned (checksums only)"
+    assert signatures["zeroed"] == signatures["signed"] and "not verified" in signatures["signed"], signatures
+    assert "COORDINATOR_SECRET" in signatures["signed"]
+    monkeypatch.setenv("COORDINATOR_SECRET", SECRET.decode())
+    assert main(["bundle", "inspect", str(tmp_path / "signed")]) == 0
+    assert json.loads(capsys.readouterr().out)["signature"] == "HMAC-SHA256, verified"
+    assert main(["bundle", "inspect", str(tmp_path / "zeroed")]) == 1
+    assert "signature mismatch" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("reader", [None, b"another-secret-0123"], ids=["no-secret", "wrong-secret"])
+def test_a_bundle_under_another_secret_is_named_so_not_missing(tmp_path, capsys, monkeypatch, reader):
+    """A reader with no secret, or another one, is told the bundle is there under another
+    secret, by ``inspect``, ``load`` and ``coordinator-run --coordinator-restore``."""
+    from coordinator.cli import main
+    from coordinator.jobs.launcher import restore
+
+    url = f"file://{tmp_path / 'bundles'}"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.delenv("COORDINATOR_NAMESPACE", raising=False)
+    # As in a process that ran no compile_once: the settings come from the environment.
+    monkeypatch.setattr("coordinator.bundles.keys._session_lookup", lambda: None)
+    coordinator.open_store(url).set(bundle_key("mlp", secret=SECRET), synthetic(secret=SECRET)[0])
+    if reader is None:
+        monkeypatch.delenv("COORDINATOR_SECRET", raising=False)
+    else:
+        monkeypatch.setenv("COORDINATOR_SECRET", reader.decode())
+    with pytest.raises(IntegrityError, match="there under another secret"):
+        fetch_bundle(url, name="mlp")
+    assert main(["bundle", "inspect", url, "--name", "mlp"]) == 1
+    err = capsys.readouterr().err
+    assert "bundle 'mlp'" in err and "under another secret" in err and "COORDINATOR_SECRET" in err, err
+    logged = []
+    monkeypatch.setattr("coordinator.jobs.launcher.log.warning", lambda *args: logged.append(args[0] % args[1:]))
+    restore(url, "mlp")
+    assert any("under another secret" in line for line in logged) and not any("no bundle" in line for line in logged)
+    with pytest.raises(FileNotFoundError, match="no bundle 'other'"):
+        fetch_bundle(url, name="other")
+
+
+@pytest.mark.parametrize("value", ["", "short"])
+def test_an_empty_or_short_secret_is_refused_with_the_rule(monkeypatch, value):
+    monkeypatch.setenv("COORDINATOR_SECRET", value)
+    with pytest.raises(coordinator.ConfigError, match=f"COORDINATOR_SECRET: a secret of {len(value)} bytes is refused: "
+                                                      "it must be at least 16 bytes") as raised:
+        coordinator.Config.resolve()
+    assert value == "" or value not in str(raised.value)  # the secret's value is never shown

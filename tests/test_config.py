@@ -25,16 +25,16 @@ def test_defaults(monkeypatch):
 
 def test_precedence(monkeypatch):
     monkeypatch.setenv("COORDINATOR_LEASE_S", "7.5")
-    monkeypatch.setenv("COORDINATOR_SECRET", "from-env")
+    monkeypatch.setenv("COORDINATOR_SECRET", "from-env-secret-0123")
     monkeypatch.setenv("COORDINATOR_CACHES", "fx_graph, aot_autograd")
     monkeypatch.setenv("COORDINATOR_SHIP_CPU_KERNELS", "off")
     config = Config.resolve()
     assert config.lease == timedelta(seconds=7.5)
-    assert config.secret == b"from-env"
+    assert config.secret == b"from-env-secret-0123"
     assert config.caches == ("fx_graph", "aot_autograd")
     assert config.ship_cpu_kernels is False
-    config = Config.resolve(lease=timedelta(seconds=3), secret="arg")
-    assert config.lease == timedelta(seconds=3) and config.secret == b"arg"
+    config = Config.resolve(lease=timedelta(seconds=3), secret="arg-secret-0123456")
+    assert config.lease == timedelta(seconds=3) and config.secret == b"arg-secret-0123456"
 
 
 @pytest.mark.parametrize(

@@ -87,7 +87,7 @@ def _session(url: str, secret: str | None = None) -> Session:
 def test_session_treats_bad_values_as_misses(tmp_path, caplog, monkeypatch, attack):
     url = f"file://{tmp_path / 'store'}"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "writer-node"))
-    writer = _session(url, secret=None if attack == "unsigned" else "team-secret")
+    writer = _session(url, secret=None if attack == "unsigned" else "team-secret-0123456")
     payload = pickle.dumps(Exploding())
     writer.put("fx_graph", "pt2:fx-graph-v1::key:c1", payload)
     store = writer.flight().store
@@ -102,7 +102,7 @@ def test_session_treats_bad_values_as_misses(tmp_path, caplog, monkeypatch, atta
         writer._node.write(key, flipped)  # the reader shares the writer's node
     else:
         monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "reader-node"))
-    reader = _session(url, secret="other-secret" if attack == "wrong-secret" else "team-secret")
+    reader = _session(url, secret="other-secret-012345" if attack == "wrong-secret" else "team-secret-0123456")
     if attack in ("wrong-secret", "unsigned"):
         # Keys are namespaced by the secret: the value is placed under the reader's key, as
         # anyone who can write to the store can.
@@ -149,9 +149,9 @@ def test_fingerprint_namespaces_environments():
 
 def test_the_secret_namespaces_keys_by_its_fingerprint_never_by_itself():
     assert secret_fingerprint(None) == secret_fingerprint(b"") == "none"
-    ours = secret_fingerprint(b"team-secret")
+    ours = secret_fingerprint(b"team-secret-0123456")
     assert len(ours) == 12 and int(ours, 16) >= 0 and ours != secret_fingerprint(b"team-secreT")
-    assert key_prefix(b"team-secret", "") == f"{fingerprint()}/{ours}/_"
+    assert key_prefix(b"team-secret-0123456", "") == f"{fingerprint()}/{ours}/_"
     assert key_prefix(None, "ns") == f"{fingerprint()}/none/ns"
 
 
@@ -163,9 +163,9 @@ def test_jobs_with_different_secrets_keep_apart_and_a_corrupt_value_is_compiled_
     again, the others receive it."""
     store = tmp_path / "store"
     options = {"store": f"file://{store}"}
-    team_a = {"COORDINATOR_SECRET": "team-a"}
+    team_a = {"COORDINATOR_SECRET": "team-a-secret-012345"}
     first = job(2, options, env=team_a)
-    other = job(2, options, env={"COORDINATOR_SECRET": "team-b"})
+    other = job(2, options, env={"COORDINATOR_SECRET": "team-b-secret-012345"})
     again = job(1, options, env=team_a)
     for results in (first, other, again):
         require_success(results)
@@ -173,10 +173,11 @@ def test_jobs_with_different_secrets_keep_apart_and_a_corrupt_value_is_compiled_
     assert sum(r.fx_misses for r in first) == sum(r.fx_misses for r in other) == 2  # each graph once per job
     assert (again[0].fx_misses, again[0].fx_hits) == (0, 2)
     namespaces = {p.name for p in (store / "v" / fingerprint()).iterdir()}
-    assert namespaces == {secret_fingerprint(b"team-a"), secret_fingerprint(b"team-b")}
+    assert namespaces == {secret_fingerprint(b"team-a-secret-012345"), secret_fingerprint(b"team-b-secret-012345")}
     assert not list(store.rglob("*team-*"))  # no secret in a key
 
-    graphs = sorted((store / "v" / fingerprint() / secret_fingerprint(b"team-a") / "_" / "fx_graph").iterdir())
+    team_a_graphs = store / "v" / fingerprint() / secret_fingerprint(b"team-a-secret-012345") / "_" / "fx_graph"
+    graphs = sorted(team_a_graphs.iterdir())
     assert len(graphs) == 2
     corrupt = {}
     for path in graphs:

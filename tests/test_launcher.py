@@ -17,6 +17,7 @@ from torch.distributed.run import get_args_parser
 from coordinator.jobs.launcher import (
     OPTIONS,
     asks_for_help,
+    job_secret,
     one_gpu_per_worker,
     split_args,
     with_virtual_local_rank,
@@ -25,6 +26,7 @@ from coordinator.jobs.launcher import (
 )
 
 PLAIN = str(Path(__file__).with_name("plain_script.py"))
+SIGNED = str(Path(__file__).with_name("signed_store_job.py"))
 
 
 def every_torchrun_flag() -> list[str]:
@@ -253,3 +255,37 @@ def test_restore_from_an_unreachable_store_does_not_fail(tmp_path, caplog, monke
         port = s.getsockname()[1]  # closed once we leave: nothing listens
     restore(f"redis://127.0.0.1:{port}/0", "mlp")
     assert f"could not restore bundle 'mlp' from redis://127.0.0.1:{port}/0" in caplog.text
+
+
+def test_a_one_node_job_signs_its_own_store_with_no_secret_set_and_refuses_a_forged_value(tmp_path):
+    """With no ``COORDINATOR_SECRET``, ``coordinator-run`` on one node makes the job a secret:
+    every value in the job's own TCPStore carries its signature, a value forged there (a
+    valid checksum, no signature) is refused, and nothing that outlives the job uses it."""
+    out = tmp_path / "reports"
+    out.mkdir()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("COORDINATOR_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "coordinator.jobs.launcher", "--standalone", "--nproc-per-node", "2", SIGNED, str(out)],
+        env=dict(env, **machine_env(tmp_path), TORCHINDUCTOR_COMPILE_THREADS="1"), capture_output=True, text=True,
+        timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert all(r["job_secret_set"] and r["store_signed"] and not r["secret_set"] for r in reports), reports
+    published = [check for r in reports for check in r["published"]]
+    assert len(published) >= 2, reports  # each rank compiled a graph of its own and published it
+    assert all(check["signed"] for check in published), published
+    assert all("signature mismatch" in check["other_secret"] for check in published), published
+    assert not reports[1]["forged_loaded"]
+    assert "unsigned but a secret is configured" in result.stderr, result.stderr[-3000:]
+    assert "checksummed but not authenticated" not in result.stderr
+
+
+def test_the_job_secret_is_made_for_one_node_only_and_never_over_the_users():
+    """A job of several nodes has no safe way to hand its workers one secret: none is made."""
+    one = job_secret(["--standalone", "--nproc-per-node", "2", "train.py"], {})
+    assert len(one["COORDINATOR_JOB_SECRET"]) == 64
+    assert job_secret(["--nnodes", "1:1", "train.py"], {})
+    assert job_secret(["--nnodes", "2", "--rdzv-endpoint", "h:1", "train.py"], {}) == {}
+    assert job_secret(["--nnodes=1:4", "train.py"], {}) == {}
+    assert job_secret(["train.py"], {"COORDINATOR_SECRET": "a user's own secret"}) == {}
+    assert job_secret(["train.py"], {"COORDINATOR_JOB_SECRET": "x" * 32}) == {}

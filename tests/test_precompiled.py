@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
     __import__("coordinator._compat", fromlist=["x"]).precompile_unsupported() is not None,
     reason="no precompiled functions on this torch")
 
-ON = {"COORDINATOR_PRECOMPILE": "1", "COORDINATOR_SECRET": "job-secret"}
+ON = {"COORDINATOR_PRECOMPILE": "1", "COORDINATOR_SECRET": "job-secret-0123456"}
 
 
 def packages(store: Path) -> list[Path]:
@@ -100,7 +100,7 @@ def test_restarts_install_functions_without_tracing_and_fall_back_to_tracing(job
     assert corrupt.report["frames_traced"] >= 3 and precompiled(corrupt)["installed"] == 0
     assert "rejected precompiled function" in corrupt.log
     correct(corrupt, cold[0])
-    signed = run("other-secret", env={**ON, "COORDINATOR_SECRET": "another"})[0]
+    signed = run("other-secret-012345", env={**ON, "COORDINATOR_SECRET": "another-secret-0123"})[0]
     assert signed.report["frames_traced"] >= 3 and precompiled(signed)["installed"] == 0
     correct(signed, cold[0])
 

@@ -224,7 +224,7 @@ def test_the_documented_settings_restore_what_the_last_job_saved(tmp_path):
         shutil.copy(ROOT / "launch" / "slurm" / name, hooks / name)
     store, log_file = tmp_path / "store", tmp_path / "hooks.log"
     site_settings(hooks, COORDINATOR_RESTORE_BUNDLE=f"file://{store}", COORDINATOR_PUSH_BUNDLE=f"file://{store}",
-                  COORDINATOR_SECRET="site-secret", COORDINATOR_SLURM_LOG=log_file)
+                  COORDINATOR_SECRET="site-secret-01234567", COORDINATOR_SLURM_LOG=log_file)
 
     def hook(name: str, job: str, node: Path) -> str:
         env = {"SLURM_JOB_ID": job, "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GID": str(os.getgid()),
@@ -246,7 +246,7 @@ def test_the_documented_settings_restore_what_the_last_job_saved(tmp_path):
 
     def coordinator_cli(*args: str) -> str:
         done = subprocess.run([sys.executable, "-m", "coordinator.cli", *args], capture_output=True, text=True,
-                              env=dict(os.environ, COORDINATOR_SECRET="site-secret"), timeout=120)
+                              env=dict(os.environ, COORDINATOR_SECRET="site-secret-01234567"), timeout=120)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -256,14 +256,14 @@ def test_the_documented_settings_restore_what_the_last_job_saved(tmp_path):
     second.mkdir()  # each node's /tmp exists before its Prolog runs
     assert "no bundle to restore yet" in hook("prolog", "1", first)
     cold = tasks("coordinator.jobs.launcher", first, tmp_path / "cold", 2, COORDINATOR_BUNDLE_NAME="mlp",
-                 COORDINATOR_SAVE_BUNDLE="outbox", COORDINATOR_SECRET="site-secret")
+                 COORDINATOR_SAVE_BUNDLE="outbox", COORDINATOR_SECRET="site-secret-01234567")
     assert sum(r.get("fxgraph_cache_miss", 0) for r in cold) == 2
     assert (first / f"torchinductor_{getpass.getuser()}" / "coordinator-outbox").is_dir()
     assert f"pushed 1 bundle(s) to file://{store}" in hook("epilog", "1", first)
 
     # Check it works: the store lists the bundle, which verifies with the job's secret.
     listed = coordinator_cli("bundle", "ls", f"file://{store}")
-    assert listed.startswith(f"bundles/{fingerprint()}/{secret_fingerprint(b'site-secret')}/_/mlp\t"), listed
+    assert listed.startswith(f"bundles/{fingerprint()}/{secret_fingerprint(b'site-secret-01234567')}/_/mlp\t"), listed
     assert json.loads(coordinator_cli("bundle", "inspect", f"file://{store}", "--name", "mlp"))["signature"] == (
         "HMAC-SHA256, verified")
     node_dir = second / f"torchinductor_{getpass.getuser()}"  # Inductor's default dir on that node
@@ -274,7 +274,8 @@ def test_the_documented_settings_restore_what_the_last_job_saved(tmp_path):
 
 def test_job_settings_precedence_and_safety(tmp_path):
     job_file = tmp_path / "job.env"
-    job_file.write_text("export COORDINATOR_BUNDLE_NAME='from-file'\nCOORDINATOR_SECRET=s3\nPATH=/evil\n# note\n")
+    job_file.write_text("export COORDINATOR_BUNDLE_NAME='from-file'\nCOORDINATOR_SECRET=s3-secret-0123456\n"
+                        "PATH=/evil\n# note\n")
     job_file.chmod(0o600)
     env = {
         "SLURM_JOB_ID": "42", "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GID": str(os.getgid()),
@@ -284,7 +285,7 @@ def test_job_settings_precedence_and_safety(tmp_path):
     }
     settings = job_settings(env)
     assert settings.restore_url == "redis://site:1/0"  # site value, not overridden
-    assert settings.bundle_name == "from-file" and settings.secret == "s3"  # job file over site
+    assert settings.bundle_name == "from-file" and settings.secret == "s3-secret-0123456"  # job file over site
     assert settings.namespace == "team-a"  # comment over both
     assert settings.cache_dir == f"/scratch/{settings.user}/42"
     assert "PATH" not in read_settings_file(str(job_file))

@@ -46,7 +46,7 @@ def aot_values(store: Path) -> list[Path]:
 
 
 def test_restarts_serve_every_split_graph_and_turn_anything_wrong_into_a_miss(job, tmp_path):
-    secret = {"COORDINATOR_SECRET": "job-secret"}
+    secret = {"COORDINATOR_SECRET": "job-secret-0123456"}
     store = tmp_path / "store"
     bundle = f"file://{tmp_path / 'bundles'}"
     # Static inputs tagged as on a GPU: the recompile's backward graphs, compiled eagerly,

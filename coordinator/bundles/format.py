@@ -62,7 +62,10 @@ class Bundle:
 
     header: dict
     artifacts: dict[str, bytes]
+    #: It carries a signature, checked or not.
     signed: bool
+    #: Its signature was checked against the secret it was read with, and matched.
+    verified: bool = False
 
     @property
     def megacache(self) -> bytes:
@@ -98,7 +101,7 @@ class Bundle:
             "compile_time_s": self.compile_time_s,
             "bytes_by_kind": sizes,
             "kernels": sorted(self.kernels),
-            "signature": "HMAC-SHA256, verified" if self.signed else "unsigned (checksums only)",
+            "signature": _signature(self.signed, self.verified),
         }
 
 
@@ -188,4 +191,13 @@ def read_bundle(blob: bytes, *, secret: bytes | None = None, check_environment: 
     for name, data in artifacts.items():
         if len(data) != listed[name]["size"] or hashlib.sha256(data).hexdigest() != listed[name]["sha256"]:
             raise IntegrityError(f"checksum mismatch in bundle artifact {name!r}")
-    return Bundle(header, artifacts, signed=sealed.signed)
+    return Bundle(header, artifacts, signed=sealed.signed, verified=sealed.verified)
+
+
+def _signature(signed: bool, verified: bool) -> str:
+    """A bundle's signature as ``inspect`` says it: "verified" only once checked."""
+    if verified:
+        return "HMAC-SHA256, verified"
+    if signed:
+        return "HMAC-SHA256, not verified (no secret given: set COORDINATOR_SECRET to check it)"
+    return "unsigned (checksums only)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
+from typing import Any
 
 from coordinator.bundles.format import Bundle, KernelRecord, pack_bundle, read_bundle
 from coordinator.bundles.keys import OUTBOX, bundle_key, bundle_settings, bundle_url, session_parts
@@ -71,10 +72,27 @@ def fetch_bundle(url: str, *, name: str = "default", secret: str | bytes | None 
     from coordinator.protocol.stores import open_store, shown_url
 
     store = open_store(url)
-    blob = store.get(bundle_key(name, secret=secret, config=config))
+    key = bundle_key(name, secret=secret, config=config)
+    blob = store.get(key)
     if blob is None:
-        raise FileNotFoundError(f"no bundle {name!r} for environment {fingerprint()} in {shown_url(url)}")
+        raise missing_bundle(store, key, name, shown_url(url))
     return read_bundle(blob, secret=bundle_settings(secret, config=config)[0])
+
+
+def missing_bundle(store: Any, key: str, name: str, shown: str) -> Exception:
+    """The error for bundle ``key`` not found in ``store``: an ``IntegrityError`` where the
+    bundle is there under another secret (a wrong secret, or none set), else ``FileNotFoundError``."""
+    environment, mine, namespace = key.split("/")[1:4]
+    try:
+        others = [other for other in store.list_keys(f"bundles/{environment}/")
+                  if other.split("/")[3:] == [namespace, name] and other.split("/")[2] != mine]
+    except Exception:  # a store that cannot list: say what was asked
+        others = []
+    if others:
+        given = "no secret is set" if mine == "none" else "the secret given is not the one it was written with"
+        return IntegrityError(f"bundle {name!r} for environment {environment} in {shown} is there under another "
+                              f"secret, but {given}: set COORDINATOR_SECRET to the secret that wrote it")
+    return FileNotFoundError(f"no bundle {name!r} for environment {environment} in {shown}")
 
 
 def copy_bundles(src_url: str, dst_url: str, *, secret: str | bytes | None = None, move: bool = True,

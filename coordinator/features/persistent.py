@@ -137,7 +137,7 @@ class PersistentLayer(Feature, counts=PersistCounts):
         config = self.context.config
         started = time.monotonic()
         try:
-            held = store.list_keys(key_prefix(config.secret, config.namespace) + "/")
+            held = store.list_keys(key_prefix(config.store_secret, config.namespace) + "/")
         except (ConfigError, StoreError) as exc:
             self._lost(exc)
             return

@@ -95,7 +95,7 @@ class PrecompiledFunctions(Feature, counts=PackageCounts):
         if result.value is None:
             return None
         try:
-            sealed = open_sealed(store_key, result.value, secret=context.config.secret)
+            sealed = open_sealed(store_key, result.value, secret=context.config.store_secret)
         except IntegrityError as exc:
             log.warning("compile_once: rejected precompiled function %s from the store: %s; tracing it", key, exc)
             context.events.instant("rejected", key=short_key(store_key), why=str(exc))

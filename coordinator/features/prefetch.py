@@ -122,7 +122,7 @@ class Prefetch(Feature, counts=PrefetchCounts):
         #: the live store's (where the singleflight protocol keeps them), the persistent layer's.
         self._sources = [(url, prefix) for url, prefix in ((config.store, "v/"), (config.persist, ""))
                          if isinstance(url, str)]
-        self._key = index_key(config.secret, config.namespace, script_name(), int(os.environ.get("RANK", "0")))
+        self._key = index_key(config.store_secret, config.namespace, script_name(), int(os.environ.get("RANK", "0")))
         self._lock = threading.Condition()
         #: Store keys asked for in this session, in order; how many of them the last write held.
         self._asked: dict[str, None] = {}
@@ -209,7 +209,7 @@ class Prefetch(Feature, counts=PrefetchCounts):
         """The first index the stores hold for this rank (empty: none, or none that verifies)."""
         for source, store, _ in stores:
             try:
-                keys = read_index(store, self._key, self.context.config.secret)
+                keys = read_index(store, self._key, self.context.config.store_secret)
             except IntegrityError as exc:
                 log.warning("compile_once: refused the prefetch index %s in %s: %s", self._key, store.name, exc)
                 continue
@@ -251,7 +251,7 @@ class Prefetch(Feature, counts=PrefetchCounts):
             if value is None:
                 continue
             try:
-                open_sealed(key, value, secret=self.context.config.secret)
+                open_sealed(key, value, secret=self.context.config.store_secret)
             except IntegrityError as exc:
                 log.warning("compile_once: prefetch refused %s from %s: %s", key, store.name, exc)
                 self._count(refused=1)
@@ -332,7 +332,7 @@ class Prefetch(Feature, counts=PrefetchCounts):
                 if len(keys) == self._written:
                     return
             blob = seal(self._key, msgpack.packb(keys), meta={"rank": int(os.environ.get("RANK", "0"))},
-                        secret=self.context.config.secret)
+                        secret=self.context.config.store_secret)
             for source, store, _ in self._open():
                 try:
                     store.set(self._key, blob, ttl=INDEX_TTL if store.expires else None)

@@ -21,6 +21,10 @@ codes and signal handling are torchrun's own. Before the workers start it:
   keys match across ranks. With more workers than GPUs (ranks sharing a GPU) it stays
   off: torchrun would give worker ``i`` only GPU ``i``, which does not exist for some;
   the script picks their devices;
+* on one node with no secret set, makes a secret for the job (``COORDINATOR_JOB_SECRET``,
+  in the workers' environment only): the values in the job's own store are signed with it,
+  and a value written there by anyone else is refused. What outlives the job (a store URL,
+  the persistent layer, bundles) is signed with ``COORDINATOR_SECRET`` or not at all;
 * with ``--coordinator-restore URL``, installs the persisted bundle once for the node
   (a store it cannot reach is logged, never fatal);
 * with ``--coordinator-save-bundle URL``, has rank 0 save the job's bundle at exit
@@ -31,7 +35,8 @@ codes and signal handling are torchrun's own. Before the workers start it:
 ``coordinator-run --help`` lists these options and the settings' variables, then
 torchrun's own help.
 
-Nothing else of the workers' environment changes: the switch and ``PYTHONPATH`` are as the
+Nothing else of the workers' environment changes (but the job's secret, which a worker's
+processes may read as the user can): the switch and ``PYTHONPATH`` are as the
 user set them again before the script's first line (``coordinator/_site``), and Inductor's
 and Triton's cache dirs are theirs (a node's workers share Inductor's default dir, as
 under torchrun).
@@ -51,6 +56,7 @@ import functools
 import io
 import logging
 import os
+import secrets
 import sys
 
 from coordinator.errors import ConfigError
@@ -177,6 +183,25 @@ def workers_per_node(torchrun_args: list[str]) -> str:
     return str(parsed.nproc_per_node)
 
 
+def one_node(torchrun_args: list[str]) -> bool:
+    """Whether torchrun's ``--nnodes`` among ``torchrun_args`` is one node ("1" or "1:1", the default)."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            parsed, _ = _torchrun_parser().parse_known_args(torchrun_args)
+    except SystemExit:
+        return False
+    return str(parsed.nnodes).strip() in ("1", "1:1")
+
+
+def job_secret(torchrun_args: list[str], environ: dict[str, str]) -> dict[str, str]:
+    """A secret for the workers of a one-node job with no secret set (``job_secret``): the
+    values in the job's own store are signed with it. It travels in the workers'
+    environment only; a job of several nodes has no safe way to hand one to all of them."""
+    if environ.get(variable("secret")) or environ.get(variable("job_secret")) or not one_node(torchrun_args):
+        return {}
+    return {variable("job_secret"): secrets.token_hex(32)}
+
+
 def one_gpu_per_worker(nproc_per_node: str, gpus: int) -> bool:
     """Whether each of ``nproc_per_node`` workers gets a GPU of its own on a node with ``gpus``."""
     if gpus == 0:
@@ -261,6 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     if one_gpu_per_worker(workers_per_node(torchrun_args), torch.cuda.device_count()):
         torchrun_args = with_virtual_local_rank(torchrun_args, dict(os.environ))
     os.environ.update(worker_environment(settings, dict(os.environ)))
+    os.environ.update(job_secret(torchrun_args, dict(os.environ)))
     job = JobSettings.resolve(names=("restore_bundle", "bundle_name"))
     if job.restore_bundle:
         restore(job.restore_bundle, job.bundle_name)

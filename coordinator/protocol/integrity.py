@@ -33,7 +33,10 @@ class Sealed:
     payload: bytes
     meta: dict
     files: dict[str, bytes]
+    #: It carries a signature (a MAC), checked or not.
     signed: bool
+    #: Its signature was checked against a secret and matched.
+    verified: bool = False
 
 
 def seal(key: str, payload: bytes, *, meta: dict | None = None, files: dict[str, bytes] | None = None,
@@ -75,4 +78,4 @@ def open_sealed(key: str, blob: bytes, *, secret: bytes | None = None, what: str
     fields = msgpack.unpackb(body, raw=False)
     if fields.get("key") != key:
         raise IntegrityError(f"{what} was sealed for key {fields.get('key')!r}, not {key!r}")
-    return Sealed(fields["payload"], fields["meta"], fields["files"], signed=mac is not None)
+    return Sealed(fields["payload"], fields["meta"], fields["files"], signed=mac is not None, verified=bool(secret))
