@@ -440,8 +440,9 @@ class Session:
         for kind in self.routed:
             if _compat.CACHE_KINDS[kind].saved_by_its_compile:
                 self.events.compiles_ended(kind)
-        if self._flight is not None:
-            released = self._flight.abandon_all()
+        if self._flight is not None:  # Inductor's claims only: other threads' Triton compiles release their own
+            prefixes = tuple(f"{self._prefix}/{kind}/" for kind in self.routed)
+            released = self._flight.abandon_all(lambda key: key.startswith(prefixes))
             if released:
                 log.debug("compile_once: released %d unpublished claims", released)
 

@@ -183,8 +183,9 @@ def test_compile_once_accepts_every_setting_the_readme_lists(tmp_path, monkeypat
     for env_name in listed.values():
         monkeypatch.delenv(env_name, raising=False)
     defaults = Config()
-    other = {"store": f"file://{tmp_path}", "persist": f"file://{tmp_path / 'persist'}", "secret": b"s" * 16, "job_secret": b"j" * 16,
-             "namespace": "team", "caches": ("fx_graph",), "chunk_bytes": 4096, "publish_queue_mb": 16,
+    other = {"store": f"file://{tmp_path}", "persist": f"file://{tmp_path / 'persist'}", "secret": b"s" * 16,
+             "job_secret": b"j" * 16, "namespace": "team", "caches": ("fx_graph",), "chunk_bytes": 4096,
+             "publish_queue_mb": 16,
              "prefetch_mb": 8, "trace_dir": tmp_path / "trace"}
     for field in dataclasses.fields(Config):
         default = getattr(defaults, field.name)

@@ -162,6 +162,23 @@ def test_a_users_own_triton_cache_manager_is_left_alone(tmp_path, alone):
     assert not list(store_dir.glob("v/*/*/*/triton*"))
 
 
+def test_a_users_manager_set_after_the_session_began_is_kept(tmp_path, alone):
+    """``TRITON_CACHE_MANAGER`` set by the script after ``import torch`` (the session's class
+    is on Triton's knob by then): Triton builds the user's manager from then on, the session
+    says so, nothing of Triton's reaches the store, and at exit the knob gives the user's class."""
+    store_dir = tmp_path / "store"
+    calls = tmp_path / "calls.txt"
+    manager = Path(__file__).with_name("triton_user_manager.py")
+    (result,) = _job(tmp_path, f"file://{store_dir}", 1, "late", "--user-manager-late", "triton_user_manager:Recording",
+                     PYTHONPATH=str(manager.parent), RECORDED_CALLS=str(calls))
+    assert Counter(result["compiles"]) == Counter(alone["compiles"]), result
+    assert result["stats"]["triton_kernels_compiled"] == 0, result["stats"]
+    assert "user's own (triton_user_manager:Recording), set after the session began" in result["stderr"]
+    assert calls.read_text().count("get_group") >= 1 + CONFIGS
+    assert not list(store_dir.glob("v/*/*/*/triton*"))
+    assert result["manager_after"] == "triton_user_manager:Recording"
+
+
 def test_a_bundle_carries_triton_kernels_and_tunings(tmp_path, alone):
     """A job's bundle holds the Triton kernels and tunings it compiled outside Inductor: a
     later job on empty dirs that installs it, with no session, compiles and benchmarks nothing."""
@@ -173,14 +190,17 @@ def test_a_bundle_carries_triton_kernels_and_tunings(tmp_path, alone):
     assert later["best"] == alone["best"] and later["cubins"].items() <= first["cubins"].items()
 
 
-def test_a_compile_that_fails_releases_the_ranks_waiting_for_it(tmp_path, alone):
+@pytest.mark.parametrize("held", [False, True], ids=["dropped", "held-with-the-collector-off"])
+def test_a_compile_that_fails_releases_the_ranks_waiting_for_it(tmp_path, alone, held):
     """The rank that claimed a kernel fails to compile it (a fault injected into Triton's first
     stage): the ranks waiting for it are released at once and compile it themselves, long
-    before their deadline, and the failed rank's next call gets the kernel."""
+    before their deadline, and the failed rank's next call gets the kernel. So too when the
+    failed rank keeps the error (its traceback holds Triton's frames) with the collector off:
+    the claim ends where it was taken, not when Python frees the compile's objects."""
     began = time.monotonic()
+    failing = ("--fail-first-compile", "3", *(("--hold-failure",) if held else ()))
     results = _job(tmp_path, f"file://{tmp_path / 'store'}", 3, "failed", "--barrier", str(tmp_path / "meet"),
-                   per_rank={0: ("--fail-first-compile", "3"), 1: ("--start-after", "1"),
-                             2: ("--start-after", "1")},
+                   per_rank={0: failing, 1: ("--start-after", "1"), 2: ("--start-after", "1")},
                    COORDINATOR_WAIT_TIMEOUT_S="120")
     assert time.monotonic() - began < 90
     failed, *waiters = results

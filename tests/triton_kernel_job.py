@@ -3,6 +3,7 @@
     python triton_kernel_job.py STORE_URL [--no-session] [--bench-s S] [--configs N]
                                 [--save-bundle URL] [--load-bundle URL] [--barrier DIR]
                                 [--fail-first-compile S] [--start-after S] [--compile-s S]
+                                [--hold-failure] [--user-manager-late SPEC]
 
 Its own Triton cache dir is ``TRITON_CACHE_DIR``; its rank ``RANK``. Inside
 ``compile_once(store=STORE_URL)`` it compiles a plain ``@triton.jit`` kernel and runs an
@@ -25,11 +26,16 @@ calls the kernels only once every rank of the job (``WORLD_SIZE``) has reached t
 seconds (its first stage raises), and the rank calls the kernel again; ``--start-after S``
 calls the kernels S seconds after the barrier; ``--compile-s S`` makes each of this rank's
 Triton compiles S seconds longer (its first stage sleeps first), as on a slower machine.
+``--hold-failure`` keeps the failed compile's exception (its traceback, and the frames in
+it, alive) with the garbage collector off. ``--user-manager-late SPEC`` sets
+``TRITON_CACHE_MANAGER=SPEC`` inside the session, before the kernels, as a script that sets
+it after ``import torch``; ``manager_after`` names the class Triton's knob gives after it.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import hashlib
 import json
@@ -123,6 +129,7 @@ def tuned_kernel(configs: int):
 
 
 failures: list[str] = []
+held: list[BaseException] = []
 
 
 def fail_first_compile(after_s: float) -> None:
@@ -176,6 +183,8 @@ def main() -> None:
     parser.add_argument("--fail-first-compile", type=float, default=None)
     parser.add_argument("--start-after", type=float, default=0.0)
     parser.add_argument("--compile-s", type=float, default=0.0)
+    parser.add_argument("--hold-failure", action="store_true")
+    parser.add_argument("--user-manager-late")
     args = parser.parse_args()
     BENCH_S = args.bench_s
     driver.set_active(NoGPUDriver())
@@ -193,12 +202,18 @@ def main() -> None:
         if args.barrier:
             meet(args.barrier)
         time.sleep(args.start_after)
+        if args.user_manager_late:
+            os.environ["TRITON_CACHE_MANAGER"] = args.user_manager_late
         if args.fail_first_compile is not None:
             fail_first_compile(args.fail_first_compile)
+            if args.hold_failure:
+                gc.disable()
             try:
                 scale.run(x, y, 4096, BLOCK=128, grid=(32,), warmup=True)
             except RuntimeError as exc:
                 failures.append(str(exc))
+                if args.hold_failure:
+                    held.append(exc)
         scale.run(x, y, 4096, BLOCK=128, grid=(32,), warmup=True)
         shift.run(x, y, 4096, grid=(1,), warmup=True)
         compile_module_from_src(MODULE_SOURCE, "coordinator_probe_module")
@@ -220,6 +235,7 @@ def main() -> None:
     kernel_caches = [caches[0] for caches in shift.fn.device_caches.values()]
     failed_futures = sum(1 for cache in kernel_caches for kernel in cache.values()
                          if getattr(kernel, "future", None) is not None and kernel.future.exception() is not None)
+    manager = knobs.cache.manager_class  # None: Triton's own
     cache = os.environ["TRITON_CACHE_DIR"]
     cubins = {os.path.relpath(path, cache): hashlib.sha256(open(path, "rb").read()).hexdigest()[:16]
               for path in glob.glob(f"{cache}/*/*.cubin")}
@@ -227,7 +243,8 @@ def main() -> None:
                       "module_builds": len(module_builds), "compile_threads": sorted(compile_threads),
                       "failures": failures, "failed_futures": failed_futures,
                       "benchmarked": len(benchmarked), "best": str(shift.best_config), "cubins": cubins,
-                      "seconds": round(time.monotonic() - began, 2), "stats": stats}))
+                      "seconds": round(time.monotonic() - began, 2), "stats": stats,
+                      "manager_after": manager and f"{manager.__module__}:{manager.__name__}"}))
 
 
 if __name__ == "__main__":

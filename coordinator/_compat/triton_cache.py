@@ -36,11 +36,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import os
+import shutil
 import sysconfig
 import threading
+import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -93,6 +97,21 @@ def users_cache_manager() -> str | None:
     return None if cls is None else f"{cls.__module__}:{cls.__qualname__}"
 
 
+@functools.cache
+def _import_manager(spec: str) -> type:
+    import importlib
+
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def users_manager_class() -> type | None:
+    """The class ``TRITON_CACHE_MANAGER`` names (``module:Class``) when the user set it after
+    the session's manager went in (Triton reads the knob's class first), else ``None``."""
+    env = os.environ.get("TRITON_CACHE_MANAGER")
+    return _import_manager(env) if env else None
+
+
 @contextlib.contextmanager
 def routed_triton_cache(manager: type) -> Iterator[None]:
     """Make Triton build ``manager`` for every kernel key for the duration; at the end the
@@ -119,8 +138,6 @@ class Tuning:
     autotuner: Any
     args: tuple
     kwargs: dict
-    #: Its result caching was turned on by the session, not by its author.
-    forced: bool = False
     #: The configs ``check_disk_cache`` was given (after pruning).
     configs: list = dataclasses.field(default_factory=list)
 
@@ -142,62 +159,109 @@ def _autotuning_cache_refused() -> bool:
     return os.environ.get("TRITON_CACHE_AUTOTUNING", "").strip().lower() in ("0", "false", "off", "no")
 
 
-@contextlib.contextmanager
-def autotuner_hooks(cache_results: bool, failed: Callable[[], None] = lambda: None) -> Iterator[None]:
-    """Wrap ``Autotuner.run`` and ``check_disk_cache`` for the duration; ``failed()`` is
-    called on the thread of a ``check_disk_cache`` that raises (its lookup, compiles or
-    benchmark), before the error goes on.
+def _launch_arguments(bench_fn: Any) -> tuple[tuple, dict] | None:
+    """The arguments of the launch that tunes, from the benchmark closure ``Autotuner.run``
+    hands ``check_disk_cache`` (its free variables ``args`` and ``kwargs``), or ``None``."""
+    code, cells = getattr(bench_fn, "__code__", None), getattr(bench_fn, "__closure__", None) or ()
+    try:
+        free = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells), strict=True))
+    except (AttributeError, ValueError):
+        return None
+    args, kwargs = free.get("args"), free.get("kwargs")
+    return (args, kwargs) if isinstance(args, tuple) and isinstance(kwargs, dict) else None
 
-    ``cache_results``: an autotuner built without result caching caches them while the hooks
-    are in (unless ``TRITON_CACHE_AUTOTUNING=0`` says otherwise), so that its result can be
-    looked up; caching changes which config runs only in that a result found is used
-    instead of benchmarking again. Where Triton's result file would not keep a config
-    exactly (``_kept_exactly``), such an autotuner benchmarks as it would without caching.
+
+@contextlib.contextmanager
+def autotuner_hooks(cache_results: bool, ended: Callable[[bool], None] = lambda failed: None) -> Iterator[None]:
+    """Wrap ``Autotuner.run`` and ``check_disk_cache`` for the duration; ``ended(failed)``
+    is called on the thread of every ``check_disk_cache`` as it ends (its lookup, compiles
+    and benchmark), ``failed`` if it raised.
+
+    An autotuner is changed once, at its first launch, and launches through Triton's own
+    ``run`` from then on (an attribute of its own): nothing runs per launch. ``cache_results``:
+    an autotuner built without result caching caches them (unless ``TRITON_CACHE_AUTOTUNING=0``
+    or Triton's interpreter says otherwise, or Triton's result file would not keep its configs
+    exactly, ``_kept_exactly``), so that its result can be looked up; caching changes which
+    config runs only in that a result found is used instead of benchmarking again. At the
+    end every autotuner is as it was.
     """
     from triton import knobs
     from triton.runtime.autotuner import Autotuner
 
     original_run, original_check = Autotuner.run, Autotuner.check_disk_cache
     turn_on = cache_results and not _autotuning_cache_refused()
+    changed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # autotuner -> caching turned on
 
     @functools.wraps(original_run)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # At every launch: only what a tuning needs is kept, and a Tuning is built only when
-        # the launch tunes (check_disk_cache).
-        outer = getattr(_thread, "run", None)
-        flipped = turn_on and not self.cache_results and not knobs.runtime.interpret
-        _thread.run = (self, args, kwargs, flipped)
-        if flipped:
+        forced = (turn_on and not self.cache_results and not knobs.runtime.interpret
+                  and _kept_exactly(self.configs))
+        if forced:
             self.cache_results = True
-        try:
-            return original_run(self, *args, **kwargs)
-        finally:
-            if flipped:
-                self.cache_results = False
-            _thread.run = outer
+        self.run = original_run.__get__(self)  # its next launches: Triton's own, directly
+        changed[self] = forced
+        return original_run(self, *args, **kwargs)
 
     @functools.wraps(original_check)
     def check_disk_cache(self: Any, tuning_key: Any, configs: Any, bench_fn: Any) -> Any:
-        launch = getattr(_thread, "run", None)
         outer = getattr(_thread, "tuning", None)
-        if launch is not None and launch[0] is self:
-            if launch[3] and not _kept_exactly(configs):
-                bench_fn()  # as Triton does without result caching
-                return False
-            _thread.tuning = Tuning(self, launch[1], launch[2], forced=launch[3], configs=list(configs))
+        launch = _launch_arguments(bench_fn)
+        _thread.tuning = None if launch is None else Tuning(self, *launch, configs=list(configs))
+        failed = True
         try:
-            return original_check(self, tuning_key, configs, bench_fn)
-        except BaseException:
-            failed()
-            raise
+            result = original_check(self, tuning_key, configs, bench_fn)
+            failed = False
+            return result
         finally:
             _thread.tuning = outer
+            ended(failed)
 
     Autotuner.run, Autotuner.check_disk_cache = run, check_disk_cache
     try:
         yield
     finally:
         Autotuner.run, Autotuner.check_disk_cache = original_run, original_check
+        for autotuner, forced in list(changed.items()):
+            autotuner.__dict__.pop("run", None)
+            if forced:
+                autotuner.cache_results = False
+
+
+@contextlib.contextmanager
+def compile_scopes(ended: Callable[[], None], build_failed: Callable[[], None]) -> Iterator[None]:
+    """For the duration, ``ended()`` runs on a thread as each Triton compile there ends
+    (``JITFunction._do_compile``: a kernel's compile, or its submission to an
+    ``AsyncCompileMode``), raised or not; ``build_failed()`` as a host C module's build
+    raises (``triton.runtime.build._build``). Where this Triton lacks either, nothing is
+    wrapped for it."""
+    from triton.runtime import build
+    from triton.runtime.jit import JITFunction
+
+    wrapped = ((JITFunction, "_do_compile"), (build, "_build"))
+    originals = [(owner, name, owner.__dict__[name]) for owner, name in wrapped if name in vars(owner)]
+
+    def scoped(function: Callable[..., Any], always: bool) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return function(*args, **kwargs)
+            except BaseException:
+                if not always:
+                    build_failed()
+                raise
+            finally:
+                if always:
+                    ended()
+
+        return wrapper
+
+    for owner, name, function in originals:
+        setattr(owner, name, scoped(function, always=name == "_do_compile"))
+    try:
+        yield
+    finally:
+        for owner, name, function in originals:
+            setattr(owner, name, function)
 
 
 def _kept_exactly(configs: Any) -> bool:
@@ -266,6 +330,65 @@ def _forget_failed_compiles(autotuner: Any) -> None:
             future = getattr(kernel, "future", None)
             if future is not None and future.done() and future.exception() is not None:
                 del kernel_cache[key]
+
+
+#: Files of a compiled kernel no loader reads: its source and IRs (Triton leaves them out
+#: itself under ``TRITON_STORE_BINARY_ONLY``). The binary and the metadata stay.
+_IR_SUFFIXES = frozenset({"source", "ttir", "ttgir", "llir", "ptx", "amdgcn"})
+_GROUP_PREFIX = "__grp__"
+
+
+def loader_files(group: dict[str, str]) -> dict[str, str]:
+    """Of a kernel's group (its files' paths by name), the files a loader reads."""
+    return {name: path for name, path in group.items() if name.rsplit(".", 1)[-1] not in _IR_SUFFIXES}
+
+
+def install_group(manager: Any, filename: str, files: dict[str, bytes]) -> dict[str, str] | None:
+    """Put kernel group ``filename`` (``files``: its files by name) into ``manager``'s
+    directory whole, or not at all, whatever else writes there meanwhile: the files and
+    the group file are written into a directory of their own, which is renamed into place
+    where the kernel's directory is empty (a rename replaces an empty directory at once).
+    Where it holds something, that is used only if it is this very group: each file there
+    checked against ``files``'s bytes. Returns the group (paths by name), or ``None``: the
+    directory holds another writer's files, which are left as they are."""
+    target = os.path.normpath(manager.cache_dir)
+    group_file = f"{_GROUP_PREFIX}{filename}"
+    paths = {name: os.path.join(target, name) for name in files}
+    tmp = f"{target}.tmp.coordinator.{uuid.uuid4().hex}"
+    try:
+        os.makedirs(tmp)
+        for name, data in {**files, group_file: json.dumps({"child_paths": paths}).encode()}.items():
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(data)
+        with contextlib.suppress(OSError):  # not empty: another writer's files, checked below
+            os.rename(tmp, target)
+    except OSError as exc:
+        log.warning("compile_once: could not write Triton's kernel %s into %s: %s", filename, target, exc)
+        return None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return paths if _holds(target, group_file, paths, files) else None
+
+
+def _holds(target: str, group_file: str, paths: dict[str, str], files: dict[str, bytes]) -> bool:
+    """Whether ``target`` holds exactly group ``group_file`` of ``files``: its group file
+    names ``paths``, and each file there has the bytes of ``files``."""
+    try:
+        with open(os.path.join(target, group_file), "rb") as f:
+            if json.loads(f.read()).get("child_paths") != paths:
+                return False
+        for name, path in paths.items():
+            with open(path, "rb") as f:
+                if hashlib.sha256(f.read()).digest() != hashlib.sha256(files[name]).digest():
+                    return False
+    except (OSError, ValueError, AttributeError):
+        return False
+    return True
+
+
+def installed_module(manager: Any, filename: str, data: bytes) -> str:
+    """Write host C module ``filename`` into ``manager``'s directory (one file, renamed into place)."""
+    return file_cache_manager().put(manager, data, filename)
 
 
 @functools.cache

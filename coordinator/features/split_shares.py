@@ -323,11 +323,11 @@ class SplitShares(Feature, counts=SplitShareCounts):
                     self._compile(flight, frame, index, *slots[index], taken=not mine)
         except Exception as exc:  # never fail the frame over a share: the chain compiles it all
             if _compat.is_restart(exc):
-                flight.abandon_all()
+                flight.abandon_all(_not_triton)
                 log.debug("compile_once: a share asked Dynamo to trace its frame again (%s)", type(exc).__name__)
                 raise
             log.warning("compile_once: compiling this rank's share of a split frame failed", exc_info=True)
-            flight.abandon_all()
+            flight.abandon_all(_not_triton)
         finally:
             counts.share_s = time.monotonic() - started
             self.counts.seconds += counts.share_s
@@ -455,3 +455,8 @@ class SplitShares(Feature, counts=SplitShareCounts):
                          result.outcome, result.outcome))
         return False
 
+
+def _not_triton(store_key: str) -> bool:
+    """Whether ``store_key`` (``<prefix>/<kind>/<digest>``) is not a Triton kind's: a Triton
+    compile on another thread releases its own claims."""
+    return not store_key.rsplit("/", 2)[-2].startswith("triton")

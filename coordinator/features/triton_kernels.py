@@ -65,7 +65,6 @@ import importlib.util
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -145,7 +144,8 @@ class TritonKernels(Feature, counts=TritonCounts):
 
     def hooks(self, routed: frozenset[str]) -> Iterable[contextlib.AbstractContextManager[Any]]:
         return [_compat.routed_triton_cache(_manager_class(self)),
-                _compat.autotuner_hooks(cache_results=True, failed=self.tuning_failed)]
+                _compat.autotuner_hooks(cache_results=True, ended=self.tuning_ended),
+                _compat.compile_scopes(ended=self.compile_ended_here, build_failed=self.compile_ended_here)]
 
     def _device(self) -> str:
         """The kind of device this thread tunes on, named in the summary and the report at
@@ -159,22 +159,29 @@ class TritonKernels(Feature, counts=TritonCounts):
     # -- what the manager asks ------------------------------------------------------------
 
     def fetch_kernel(self, manager: Any, filename: str) -> dict[str, str] | None:
-        """A kernel Triton did not find on disk: from the session (written into ``manager``'s
-        directory, its group returned) or ``None``: Triton compiles it (under this rank's
-        claim, if it took one)."""
-        if not self._fetch_files(manager, filename):
-            return None
-        base = _compat.file_cache_manager()
-        return base.get_group(manager, filename)
+        """A kernel Triton did not find on disk: from the session (installed whole into
+        ``manager``'s directory, its group returned) or ``None``: Triton compiles it (under
+        this rank's claim, if it took one)."""
+        files = self._fetch_files(manager, filename)
+        group = None if files is None else _compat.install_group(manager, filename, files)
+        if group is not None:
+            self.context.kernels.record_triton(manager.cache_dir)
+        elif files is not None:  # another writer's files are there: Triton compiles it here
+            self._began_now(manager, KERNEL, f"{manager.key}/{filename}")
+        return group
 
     def fetch_module(self, manager: Any, filename: str) -> str | None:
         """A host C module (a kernel launcher, the driver's utilities) Triton did not find on
         disk: from the session (its path) or ``None``: Triton builds it."""
-        return manager._make_path(filename) if self._fetch_files(manager, filename) else None
+        files = self._fetch_files(manager, filename)
+        if files is None:
+            return None
+        self.context.kernels.record_triton(manager.cache_dir)
+        return _compat.installed_module(manager, filename, files[filename])
 
-    def _fetch_files(self, manager: Any, filename: str) -> bool:
-        """Write the files of ``manager``'s entry ``filename`` from the session into its
-        directory (a group file last, so a local reader never sees half of one); whether they came."""
+    def _fetch_files(self, manager: Any, filename: str) -> dict[str, bytes] | None:
+        """The files of ``manager``'s entry ``filename`` from the session, or ``None``: this
+        rank computes it (``_began_now``)."""
         key = f"{manager.key}/{filename}"
         payload = self._get(KERNEL, key)
         files = _unpack(payload) if payload is not None else None
@@ -182,19 +189,14 @@ class TritonKernels(Feature, counts=TritonCounts):
             if payload is not None:
                 log.warning("compile_once: the Triton entry %s does not hold %s; building it here", key, filename)
             self._began_now(manager, KERNEL, key)
-            return False
-        base = _compat.file_cache_manager()
-        paths = {name: base.put(manager, data, name) for name, data in files.items()}
-        if filename.endswith(".json"):
-            base.put_group(manager, filename, paths)
-        self.context.kernels.record_triton(manager.cache_dir)
-        return True
+            return None
+        return files
 
     def compiled(self, manager: Any, filename: str, group: dict[str, str]) -> None:
         """Triton saved a kernel it compiled (``group``: its files' paths by name): publish them."""
         files: dict[str, bytes] = {}
         try:
-            for name, path in group.items():
+            for name, path in _compat.loader_files(group).items():
                 with open(path, "rb") as f:
                     files[name] = f.read()
         except OSError as exc:  # the kernel is built here; the ranks waiting for it build it too
@@ -213,6 +215,14 @@ class TritonKernels(Feature, counts=TritonCounts):
     def module_built(self, manager: Any, filename: str, data: bytes) -> None:
         """Triton saved a host C module it built: publish it."""
         self._built(manager, filename, {filename: data})
+
+    def users_manager_set(self, users: type) -> None:
+        """The user set ``TRITON_CACHE_MANAGER`` after the session began: Triton builds theirs."""
+        if not getattr(self, "_told_users_manager", False):
+            self._told_users_manager = True
+            log.warning("compile_once: Triton's cache manager is the user's own (%s:%s), set after the session "
+                        "began: Triton kernels outside Inductor are not shared from here on",
+                        users.__module__, users.__qualname__)
 
     def fetch_tuning(self, manager: Any, filename: str) -> str | None:
         """An autotune result Triton did not find on disk: from the session (written into
@@ -247,22 +257,18 @@ class TritonKernels(Feature, counts=TritonCounts):
     def _began_now(self, manager: Any, kind: str, key: str) -> None:
         """This rank computes ``key`` now (Triton compiles or tunes it next, on this thread).
 
-        A claim it took ends unsaved if Triton raises: a compile that raises in a thread of
-        ``compile_configs`` releases its thread's claims there (``_task``), a tuning that
-        raises releases its own (``tuning_failed``), and the next compile on a thread
-        releases the kernel claims a compile before it left; failing all of those, Triton
-        dropping ``manager`` releases it."""
+        A claim it took is released where it was taken, unsaved if Triton raised: as the
+        kernel's compile ends (``compile_ended_here``), as a host module's build raises,
+        as the tuning ends (``tuning_ended``), as a config's compile in a thread of
+        ``compile_configs`` ends (``_task``); and a kernel's compile never runs inside
+        another's on one thread, so one beginning releases what a compile before it left."""
         manager._coordinator_began = time.monotonic()
         store_key = self.context.store_key(kind, key)
         flight = self.context.flight()
-        if kind == KERNEL:  # a kernel's compile never runs inside another's on one thread
+        if kind == KERNEL:
             self._release_thread_claims({KERNEL})
-        if flight is None or flight.claim_started(store_key) is None:
-            return
-        self._thread_claims().append((kind, store_key))
-        unfinished = weakref.finalize(manager, self._abandon, store_key)
-        unfinished.atexit = False  # at exit the session has closed, and released its claims
-        manager._coordinator_unfinished = unfinished
+        if flight is not None and flight.claim_started(store_key) is not None:
+            self._thread_claims().append((kind, store_key))
 
     def _thread_claims(self) -> list[tuple[str, str]]:
         claims = getattr(self._thread, "claims", None)
@@ -277,9 +283,15 @@ class TritonKernels(Feature, counts=TritonCounts):
             claims.remove((kind, store_key))
             self._abandon(store_key)
 
-    def tuning_failed(self) -> None:
-        """A tuning raised on this thread (its benchmark, or its compiles)."""
-        self._release_thread_claims({KERNEL, TUNING})
+    def tuning_ended(self, failed: bool) -> None:
+        """A tuning's lookup and benchmark ended on this thread (``failed``: it raised):
+        what it claimed and did not publish is released."""
+        self._release_thread_claims({KERNEL, TUNING} if failed else {TUNING})
+
+    def compile_ended_here(self) -> None:
+        """A Triton compile on this thread ended, or a host module's build raised: the
+        kernel claims it took and did not publish are released."""
+        self._release_thread_claims({KERNEL})
 
     def _abandon(self, store_key: str) -> None:
         flight = self.context.flight()
@@ -288,9 +300,6 @@ class TritonKernels(Feature, counts=TritonCounts):
             flight.abandon(store_key)
 
     def _publish(self, manager: Any, kind: str, key: str, data: bytes) -> None:
-        unfinished = getattr(manager, "_coordinator_unfinished", None)
-        if unfinished is not None:
-            unfinished.detach()
         store_key = self.context.store_key(kind, key)
         claims = self._thread_claims()
         if (kind, store_key) in claims:
@@ -339,10 +348,8 @@ class TritonKernels(Feature, counts=TritonCounts):
         try:
             with flight.no_waits() if flight is not None and ahead is not None else contextlib.nullcontext():
                 yield
-        except BaseException:
-            self._release_thread_claims({KERNEL})
-            raise
         finally:
+            self._release_thread_claims({KERNEL})
             self._thread.ahead = None
 
     def forbids_waits(self) -> bool:
@@ -376,6 +383,13 @@ def _manager_class(feature: TritonKernels) -> type:
 
     class CoordinatorCacheManager(base):  # type: ignore[misc, valid-type]
         """Triton's file cache with the session behind it (``coordinator.features.triton_kernels``)."""
+
+        def __new__(cls, key: str, override: bool = False, dump: bool = False) -> Any:
+            users = _compat.users_manager_class()
+            if users is not None:  # the user's, set after the session began: theirs, not shared
+                feature.users_manager_set(users)
+                return users(key, override=True) if override else users(key, dump=True) if dump else users(key)
+            return super().__new__(cls)
 
         def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
             super().__init__(key, override=override, dump=dump)

@@ -97,9 +97,9 @@ class Publisher:
                         "each rank compiles those graphs", self.store.name, limit, limit / 1e6, size, size / 1e6)
         return True
 
-    def abandon_all(self) -> int:
+    def abandon_all(self, only: Callable[[str], bool]) -> int:
         """See :meth:`coordinator.protocol.singleflight.Singleflight.abandon_all`."""
-        keys = self.claims.keys()
+        keys = [key for key in self.claims.keys() if only(key)]
         for key in keys:
             self.claims.abandon(key, publishing=False)
         return len(keys)

@@ -275,14 +275,15 @@ class Singleflight:
         being written behind the compile is left to that write unless ``publishing``."""
         self._claims.abandon(key, publishing=publishing)
 
-    def abandon_all(self) -> int:
-        """Abandon every claim whose value is still being computed (a compile ended
-        without publishing them); claims being written behind the compile stay.
+    def abandon_all(self, only: Callable[[str], bool] = lambda key: True) -> int:
+        """Abandon every claim (of a key ``only`` accepts) whose value is still being
+        computed (a compile ended without publishing them); claims being written behind
+        the compile stay.
 
         Returns:
             How many claims were abandoned.
         """
-        return self._publisher.abandon_all()
+        return self._publisher.abandon_all(only)
 
     def drain(self, timeout: timedelta) -> bool:
         """Let the writes behind the compile finish, up to ``timeout``; whether all did."""
