@@ -25,6 +25,7 @@ from coordinator.testing import free_port
 pytest.importorskip("triton", reason="Triton is installed with torch's CUDA builds (CI's second torch)")
 
 JOB = Path(__file__).with_name("triton_kernel_job.py")
+INSTALL_JOB = Path(__file__).with_name("triton_install_job.py")
 CONFIGS = 6
 
 
@@ -208,3 +209,31 @@ def test_a_compile_that_fails_releases_the_ranks_waiting_for_it(tmp_path, alone,
     assert all(r["stats"]["waits"] >= 1 for r in waiters), [r["stats"] for r in waiters]
     assert all(any(path.endswith("/scale.cubin") for path in r["cubins"]) for r in results), results
     assert all(Counter(r["compiles"]).get("shift", 0) + r["stats"]["triton_kernels_received"] >= 1 for r in results)
+
+
+def test_concurrent_installs_never_leave_a_mixed_or_partial_group(tmp_path):
+    """Three processes install their own bytes of the same kernels into one Triton cache dir,
+    while another writes them as Triton does when it compiles one itself and two more read
+    them as Triton does: every group a reader gets is whole and one writer's, and every
+    group an installer is handed is its own, complete."""
+    rounds = 60
+    start = tmp_path / "start"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COORDINATOR_", "TRITON_"))}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "shared-triton")
+    roles = [("install", "a"), ("install", "b"), ("install", "c"), ("triton", "t"), ("read", "r1"), ("read", "r2")]
+    procs = [subprocess.Popen([sys.executable, str(INSTALL_JOB), role, writer, str(rounds), str(start)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for role, writer in roles]
+    time.sleep(1.0)  # every process imported Triton and waits
+    start.touch()
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    for report in reports:
+        assert report["mixed"] == [] and report["partial"] == [], report
+    installers = [r for r in reports if r["role"] == "install"]
+    readers = [r for r in reports if r["role"] == "read"]
+    assert all(r["groups"] + r["refused"] == rounds for r in installers), installers
+    assert sum(r["groups"] for r in installers) >= rounds, installers  # each round, some installer's group
+    assert all(r["rounds_seen"] == rounds and r["groups"] >= rounds for r in readers), readers

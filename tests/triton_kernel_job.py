@@ -237,8 +237,10 @@ def main() -> None:
                          if getattr(kernel, "future", None) is not None and kernel.future.exception() is not None)
     manager = knobs.cache.manager_class  # None: Triton's own
     cache = os.environ["TRITON_CACHE_DIR"]
-    cubins = {os.path.relpath(path, cache): hashlib.sha256(open(path, "rb").read()).hexdigest()[:16]
-              for path in glob.glob(f"{cache}/*/*.cubin")}
+    # By kernel key and name: a received kernel's files are in a dir of their own in its key's dir.
+    cubins = {f"{os.path.relpath(path, cache).split(os.sep)[0]}/{os.path.basename(path)}":
+              hashlib.sha256(open(path, "rb").read()).hexdigest()[:16]
+              for path in glob.glob(f"{cache}/*/*.cubin") + glob.glob(f"{cache}/*/coordinator-*/*.cubin")}
     print(json.dumps({"rank": int(os.environ.get("RANK", "0")), "compiles": sorted(compiles),
                       "module_builds": len(module_builds), "compile_threads": sorted(compile_threads),
                       "failures": failures, "failed_futures": failed_futures,

@@ -335,7 +335,6 @@ def _forget_failed_compiles(autotuner: Any) -> None:
 #: Files of a compiled kernel no loader reads: its source and IRs (Triton leaves them out
 #: itself under ``TRITON_STORE_BINARY_ONLY``). The binary and the metadata stay.
 _IR_SUFFIXES = frozenset({"source", "ttir", "ttgir", "llir", "ptx", "amdgcn"})
-_GROUP_PREFIX = "__grp__"
 
 
 def loader_files(group: dict[str, str]) -> dict[str, str]:
@@ -345,43 +344,48 @@ def loader_files(group: dict[str, str]) -> dict[str, str]:
 
 def install_group(manager: Any, filename: str, files: dict[str, bytes]) -> dict[str, str] | None:
     """Put kernel group ``filename`` (``files``: its files by name) into ``manager``'s
-    directory whole, or not at all, whatever else writes there meanwhile: the files and
-    the group file are written into a directory of their own, which is renamed into place
-    where the kernel's directory is empty (a rename replaces an empty directory at once).
-    Where it holds something, that is used only if it is this very group: each file there
-    checked against ``files``'s bytes. Returns the group (paths by name), or ``None``: the
-    directory holds another writer's files, which are left as they are."""
+    directory whole, or not at all, whatever else writes there meanwhile (other ranks,
+    Triton itself): the files go into a directory of their own, named after their bytes
+    (``coordinator-<digest>``, renamed into place complete, never written again), are checked
+    there against ``files``, and only then the group file that names them replaces the
+    kernel's group file at once. A reader finds either no group, another writer's, or this
+    one complete. Returns the group (paths by name), or ``None`` where it could not be written."""
     target = os.path.normpath(manager.cache_dir)
-    group_file = f"{_GROUP_PREFIX}{filename}"
-    paths = {name: os.path.join(target, name) for name in files}
-    tmp = f"{target}.tmp.coordinator.{uuid.uuid4().hex}"
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+    home = os.path.join(target, f"coordinator-{digest.hexdigest()[:24]}")
+    paths = {name: os.path.join(home, name) for name in files}
+    tmp = f"{home}.tmp.{uuid.uuid4().hex}"
     try:
-        os.makedirs(tmp)
-        for name, data in {**files, group_file: json.dumps({"child_paths": paths}).encode()}.items():
-            with open(os.path.join(tmp, name), "wb") as f:
-                f.write(data)
-        with contextlib.suppress(OSError):  # not empty: another writer's files, checked below
-            os.rename(tmp, target)
+        if not os.path.isdir(home):
+            os.makedirs(tmp)
+            for name, data in files.items():
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(data)
+            with contextlib.suppress(OSError):  # there already: the same bytes, checked below
+                os.rename(tmp, home)
+        if not _holds(paths, files):
+            log.warning("compile_once: Triton's kernel %s in %s does not hold what was received; compiling it here",
+                        filename, home)
+            return None
+        file_cache_manager().put_group(manager, filename, paths)
     except OSError as exc:
         log.warning("compile_once: could not write Triton's kernel %s into %s: %s", filename, target, exc)
         return None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return paths if _holds(target, group_file, paths, files) else None
+    return paths
 
 
-def _holds(target: str, group_file: str, paths: dict[str, str], files: dict[str, bytes]) -> bool:
-    """Whether ``target`` holds exactly group ``group_file`` of ``files``: its group file
-    names ``paths``, and each file there has the bytes of ``files``."""
+def _holds(paths: dict[str, str], files: dict[str, bytes]) -> bool:
+    """Whether each file of ``paths`` holds the bytes of ``files``."""
     try:
-        with open(os.path.join(target, group_file), "rb") as f:
-            if json.loads(f.read()).get("child_paths") != paths:
-                return False
         for name, path in paths.items():
             with open(path, "rb") as f:
                 if hashlib.sha256(f.read()).digest() != hashlib.sha256(files[name]).digest():
                     return False
-    except (OSError, ValueError, AttributeError):
+    except OSError:
         return False
     return True
 

@@ -38,6 +38,7 @@ so Triton finds it there instead of compiling.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -171,21 +172,37 @@ def read_triton_kernel(directory: str) -> dict[str, bytes]:
         ``{"triton/<kernel hash>/<file name>": bytes}``, the directory's own path in
         JSON files replaced by a placeholder; empty if the directory is missing.
     """
-    name = os.path.basename(os.path.normpath(directory))
+    directory = os.path.normpath(directory)
+    name = os.path.basename(directory)
     found: dict[str, bytes] = {}
     try:
         items = list(os.scandir(directory))
     except FileNotFoundError:
         return found
+    groups = []
     for item in items:
         rel = f"{TRITON_PREFIX}{name}/{item.name}"
         if not item.is_file() or not _TRITON_REL.match(rel):
             continue
+        if item.name.startswith("__grp__"):
+            groups.append((rel, item.path))
+            continue
         with open(item.path, "rb") as f:
             data = f.read()
         if item.name.endswith(".json"):
-            data = data.replace(os.path.normpath(directory).encode(), _DIR_PLACEHOLDER)
+            data = data.replace(directory.encode(), _DIR_PLACEHOLDER)
         found[rel] = data
+    for rel, path in groups:  # a group's own files, wherever it keeps them (a received one: a dir of its own)
+        try:
+            with open(path, "rb") as f:
+                children = json.loads(f.read())["child_paths"]
+            for child, child_path in children.items():
+                with open(child_path, "rb") as f:
+                    found[f"{TRITON_PREFIX}{name}/{child}"] = f.read()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # removed meanwhile, or not a group: left out
+        placed = {child: os.path.join(_DIR_PLACEHOLDER.decode(), child) for child in children}
+        found[rel] = json.dumps({"child_paths": placed}).encode()
     return found
 
 
