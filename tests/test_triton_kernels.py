@@ -237,3 +237,45 @@ def test_concurrent_installs_never_leave_a_mixed_or_partial_group(tmp_path):
     assert all(r["groups"] + r["refused"] == rounds for r in installers), installers
     assert sum(r["groups"] for r in installers) >= rounds, installers  # each round, some installer's group
     assert all(r["rounds_seen"] == rounds and r["groups"] >= rounds for r in readers), readers
+
+
+def test_an_autotuner_is_changed_once_and_launches_through_tritons_own_run(tmp_path, monkeypatch):
+    """The session changes an autotuner at its first launch, not at every one: from then on
+    ``autotuner.run`` is Triton's own (nothing of the session's runs per launch), its result
+    caching is on while the session runs, and at the end it is as it was."""
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.runtime import driver
+    from triton.runtime.autotuner import Autotuner
+    from triton_kernel_job import NoGPUDriver
+
+    import coordinator
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+    @triton.jit
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1, mask=i < n)
+
+    tuned = triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})], key=["n"],
+                            do_bench=lambda call, quantiles=None: (call(), [1.0] * 3)[1])(add_one)
+    x = torch.zeros(256)
+    before = driver._active  # no default driver on a machine without a GPU: put back what was there
+    driver.set_active(NoGPUDriver())
+    try:
+        assert not tuned.cache_results
+        with coordinator.compile_once(store=f"file://{tmp_path / 'store'}"):
+            wrapped = Autotuner.run  # the session's, for first launches
+            tuned.run(x, 256, grid=(1,), warmup=True)
+            assert tuned.cache_results and tuned.__dict__["run"].__func__ is not wrapped
+            own_run = tuned.__dict__["run"]
+            tuned.run(x, 256, grid=(1,), warmup=True)
+            assert tuned.__dict__["run"] is own_run  # nothing changed at the second launch
+            stats = coordinator.stats()
+        assert "run" not in tuned.__dict__ and not tuned.cache_results
+        assert stats["triton_tunings_run"] == 1, stats
+    finally:
+        driver._active = before

@@ -23,9 +23,19 @@ threads, through Triton's ``AsyncCompileMode`` (``triton.runtime._async_compile`
 compile of each runs in an executor's thread, and the kernels enter the kernel cache when
 the mode exits).
 
-Private names: ``Autotuner.run``, ``check_disk_cache``, ``cache_results``, ``fn``,
-``configs``; ``JITFunction.run``'s ``warmup`` argument; the host modules' file names
-(``compile_module_from_src``: ``get_file``/``put`` of ``<name><EXT_SUFFIX>``); ``knobs.cache.manager_class`` (a
+:func:`compile_scopes` runs a callback as each compile on a thread ends and as a host
+module's build raises, so that what a compile claimed is released where it was taken.
+:func:`install_group` puts a received kernel into a manager's directory whole (a directory
+of its own, renamed into place, then the group file), and :func:`loader_files` picks the
+files a loader reads from a kernel's group (binary and metadata, as
+``TRITON_STORE_BINARY_ONLY`` keeps).
+
+Private names: ``Autotuner.run``, ``check_disk_cache`` and the benchmark closure it is
+given (its free variables ``args`` and ``kwargs``), ``cache_results``, ``fn``, ``configs``;
+``JITFunction.run``'s ``warmup`` argument and ``JITFunction._do_compile``;
+``triton.runtime.build._build``; the host modules' file names (``compile_module_from_src``:
+``get_file``/``put`` of ``<name><EXT_SUFFIX>``); the group file's layout
+(``__grp__<name>``, ``{"child_paths": ...}``); ``knobs.cache.manager_class`` (a
 descriptor whose instance value overrides the environment). Read from Triton 3.6.0's and
 3.8.0's sources; ran on 3.8.0 (torch 2.14.1's build, on the CPU: compiles to a GPU target
 and the cache calls) and 3.6.0 (torch 2.11, H200).

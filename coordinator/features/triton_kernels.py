@@ -15,9 +15,11 @@ starts the session's core (a process that imports Triton and compiles nothing pa
 * **a kernel's compile** (``get_group`` of its metadata): kind ``triton``, keyed by Triton's
   own hash (source, options, backend and GPU architecture, environment, Triton's version)
   and the kernel's name. A miss claims it and Triton compiles; its ``put_group`` publishes
-  every file of the kernel, with the seconds the compile took (the others extend their NCCL
-  timeouts by them). Ranks that need it meanwhile wait, then write the files into their own
-  Triton cache, and Triton loads them there.
+  the files a loader reads (the binary and its metadata; not the IRs Triton keeps beside
+  them), with the seconds the compile took (the others extend their NCCL timeouts by them).
+  Ranks that need it meanwhile wait, then install the files into their own Triton cache
+  whole or not at all (``_compat.install_group``: in a dir of their own, checked against the
+  entry, before the group file names them), and Triton loads them there.
 * **a host C module** Triton builds with the host's compiler (``get_file`` of
   ``<module><EXT_SUFFIX>``: a kernel signature's launcher, the driver's utilities): kind
   ``triton`` too, keyed by Triton's hash of its source and the platform; a rank on empty
@@ -46,15 +48,23 @@ ends when that compile does. A rank waits for an autotune result only while it h
 claim (the session's rule); its owner waits only for compiles. A waiting rank's own compiles
 run with no waits at all (``Singleflight.no_waits``).
 
-A kernel claimed whose compile raises (Triton never saves it), or a tuning whose benchmark
-raises, is abandoned at once, so the ranks waiting for it compute it themselves
-(``_began_now`` says where). Inductor's compile workers, other processes, keep Triton's own
-file manager: the kernels Inductor generates travel inside its FX-graph entries. Those
-Inductor compiles in the rank itself (with one compile thread, a coordinate descent's
+A claim is released where it was taken, as the compile, the host module's build or the
+tuning that took it ends (``_compat.compile_scopes``, ``autotuner_hooks``): one whose
+compile raises (Triton never saves it) is abandoned at once, so the ranks waiting for it
+compute it themselves, whatever keeps the failed compile's objects alive; no other thread's
+cleanup releases it (the end of an outermost ``torch.compile`` releases Inductor's claims
+only).
+
+Inductor's compile workers, other processes, keep Triton's own file manager: the kernels
+Inductor generates travel inside its FX-graph entries. Those Inductor compiles in the rank
+itself (with one compile thread, a coordinate descent's
 winner) go through this feature too, and are counted with the others.
 
 A cache manager the user installed (``TRITON_CACHE_MANAGER``, ``knobs.cache.manager_class``)
-stays in place: the session says so once and shares no Triton kernel outside Inductor.
+stays in place: the session says so once and shares no Triton kernel outside Inductor. Set
+after the session began (after ``import torch``), ``TRITON_CACHE_MANAGER`` is honoured from
+then on (the session's class builds the user's), and a class the script puts on the knob
+stays there at the end.
 ``triton_kernels=False`` turns the feature off.
 """
 
