@@ -220,7 +220,13 @@ from coordinator._compat.precompile import (
     precompiled_functions,
 )
 from coordinator._compat.select_algorithm import device_name, precompile_choices_in_process
-from coordinator._compat.split_frames import SplitFrame, capture_backward, chain_position, split_frames
+from coordinator._compat.split_frames import (
+    SplitFrame,
+    capture_backward,
+    chain_position,
+    compile_settings_digest,
+    split_frames,
+)
 from coordinator._compat.split_graphs import (
     SPLIT_GRAPH_VERSIONS,
     aot_autograd_cache_hits,
@@ -267,6 +273,7 @@ __all__ = [
     "compile_scopes",
     "device_kind",
     "file_cache_manager",
+    "compile_settings_digest",
     "install_group",
     "installed_module",
     "loader_files",

@@ -226,6 +226,19 @@ class SplitFrame:
 _STATIC_TAG = "_is_inductor_static"
 
 
+def compile_settings_digest() -> str:
+    """The compile settings AOTAutograd's and Inductor's keys read, as a digest: ranks deal
+    a frame's submodules only among ranks whose settings agree."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    digest = hashlib.sha256()
+    for config in (inductor_config, functorch_config):
+        saved = config.save_config_portable() if hasattr(config, "save_config_portable") else {}
+        digest.update(repr(sorted(saved.items())).encode())
+    return digest.hexdigest()[:16]
+
+
 def untag(args: Any) -> None:
     """Take Inductor's static-input tag off a split submodule's inputs before its compile.
 

@@ -59,7 +59,6 @@ they are served (``_compat.split_graphs``). The chain's misses of a slot are cou
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import logging
 import os
@@ -187,18 +186,6 @@ def job_ranks() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def _settings_digest() -> str:
-    """The compile settings AOTAutograd's and Inductor's keys read, as a digest."""
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config as inductor_config
-
-    digest = hashlib.sha256()
-    for config in (inductor_config, functorch_config):
-        saved = config.save_config_portable() if hasattr(config, "save_config_portable") else {}
-        digest.update(repr(sorted(saved.items())).encode())
-    return digest.hexdigest()[:16]
 
 
 class SplitShares(Feature, counts=SplitShareCounts):
@@ -359,7 +346,7 @@ class SplitShares(Feature, counts=SplitShareCounts):
         """Each submodule's slot (this job's) and "done" mark (any job's) keys."""
         if self._job is None:
             self._job = job_id()
-        identity = f"{frame.identity()}/{_settings_digest()}"
+        identity = f"{frame.identity()}/{_compat.compile_settings_digest()}"
         keys = [(self._store_key("split_share", f"{self._job}/{identity}/{i}"),
                  self._store_key("split_done", f"{identity}/{i}")) for i in range(len(frame))]
         for index, pair in enumerate(keys):
