@@ -387,11 +387,7 @@ class Config:
 
     def _check_store(self) -> None:
         if isinstance(self.store, str):
-            self._check_url("store")
-            if urlparse(self.store).scheme in OBJECT_SCHEMES:
-                raise self._invalid("store", "an object store keeps bundles and the persistent layer, not a job's "
-                                             "live claims: give it as persist (COORDINATOR_PERSIST) or a bundle "
-                                             "URL, and leave store unset for the job's TCPStore")
+            self._check_url("store", live=True)
         elif getattr(self.store, "live", True) is False:
             raise self._invalid("store", f"{self.store!r} cannot hold a job's live claims; give it as persist")
         elif self.store is not None:
@@ -410,10 +406,10 @@ class Config:
                                            "file:///dir, redis://...")
         self._check_url("persist")
 
-    def _check_url(self, name: str) -> None:
+    def _check_url(self, name: str, *, live: bool = False) -> None:
         """The setting ``name``'s URL checked as every store URL is (:func:`check_store_url`)."""
         try:
-            check_store_url(getattr(self, name))
+            check_store_url(getattr(self, name), live=live)
         except ConfigError as exc:
             raise self._invalid(name, str(exc)) from None
 
@@ -440,6 +436,7 @@ class Config:
             ConfigError: a setting is invalid, naming the variable or argument it came
                 from and the value given.
         """
+        _say_unknown_variables(os.environ if environ is None else environ)
         return _resolve(cls, environ, sources, arguments)
 
     def differences(self, other: Config) -> list[str]:
@@ -574,6 +571,10 @@ def take_enable_switch(environ: dict[str, str] | None = None) -> bool:
 OBJECT_SCHEMES = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "az": ("adlfs", "azure")}
 #: The URL schemes a store can be named by (``coordinator.protocol.stores`` opens each).
 STORE_SCHEMES = ("file", "redis", "rediss", *OBJECT_SCHEMES)
+#: The forms a store URL takes, as errors name them: where ranks meet, and what outlives a job.
+_LIVE_FORMS = ("redis://host:port/db, rediss://..., file:///path, or leave it unset for the job's "
+               "torch.distributed store")
+_LASTING_FORMS = "s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, file:///dir or redis://host:port/db"
 #: The distribution's name, for install hints.
 DISTRIBUTION = "torch-compile-coordinator"
 
@@ -614,27 +615,27 @@ _SECRET_ITEM = re.compile(r"(?i)((?:^|[?&;])[\w.-]*(?:pass|pwd|secret|token|sig|
                           r"[^&;#]*")
 
 
-def check_store_url(url: str) -> None:
+def check_store_url(url: str, *, live: bool = False) -> None:
     """The one check of a store URL, for settings and ``open_store`` alike; it reaches no
-    server. Whether the store is up is found out at first use, where an unreachable store
-    means compiling locally; a URL that can never work is a configuration error. Its
-    errors show the URL as :func:`shown_url` does.
+    server. ``live``: the URL is the ``store`` setting's, where ranks meet (not an object
+    store); else it may also be one (the persistent layer, bundles). Whether the store is
+    up is found out at first use, where an unreachable store means compiling locally; a
+    URL that can never work is a configuration error. Its errors show the URL as
+    :func:`shown_url` does, and the forms the setting takes.
 
     Raises:
         ConfigError: ``url`` cannot name a store.
     """
     shown = shown_url(url)
+    forms = _LIVE_FORMS if live else _LASTING_FORMS
     if "://" not in url:
-        raise ConfigError(
-            f"store {shown!r} is not a URL; use redis://host:port/db, rediss://..., "
-            "file:///path, or leave it unset for the job's torch.distributed store"
-        )
+        raise ConfigError(f"store {shown!r} is not a URL; use {forms}")
     try:
         parsed = urlparse(url)
     except ValueError as exc:  # an unclosed "[" of an IPv6 address
         raise ConfigError(f"store URL {shown!r} cannot be read: {exc}") from None
     if parsed.scheme not in STORE_SCHEMES:
-        raise ConfigError(f"unknown store URL scheme {parsed.scheme!r} in {shown!r}; allowed: {sorted(STORE_SCHEMES)}")
+        raise ConfigError(f"unknown store URL scheme {parsed.scheme!r} in {shown!r}; use {forms}")
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
             raise ConfigError(f"file store URL {shown!r} names a host; use file:///absolute/path")
@@ -645,6 +646,10 @@ def check_store_url(url: str) -> None:
         return
     if parsed.scheme in OBJECT_SCHEMES:
         _check_object_url(shown, parsed.scheme, parsed.netloc)
+        if live:
+            raise ConfigError("an object store keeps bundles and the persistent layer, not a job's live claims: "
+                              "give it as persist (COORDINATOR_PERSIST) or a bundle URL, and leave store unset for "
+                              "the job's TCPStore")
         return
     _check_redis_url(shown, parsed)
 
@@ -740,6 +745,37 @@ def _resolve(cls: type, environ: Mapping[str, str] | None, sources: Mapping[str,
         if getattr(exc, "setting", None) in from_environ:
             raise ConfigError(f"{from_environ[exc.setting]}: {exc.reason}") from None
         raise
+
+
+#: ``COORDINATOR_*`` variables that are no setting but are read by the project's SLURM hooks
+#: (``launch/slurm``) and its benchmarks.
+_OTHER_VARIABLES = frozenset({"COORDINATOR_HOOK", "COORDINATOR_PYTHON", "COORDINATOR_SLURM_LOG", "COORDINATOR_RUN",
+                              "COORDINATOR_TIER_LOG_LEVEL", "COORDINATOR_WHEEL_INSTALLED"})
+_told_unknown: set[str] = set()
+
+
+def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
+    """The ``COORDINATOR_*`` variables of ``environ`` that name no setting, each with the
+    setting's variable it is closest to (a misspelling), or ``None``."""
+    import difflib
+
+    known = {field.metadata["env"] for cls in _ALL for field in dataclasses.fields(cls)}
+    found = {}
+    for name in sorted(environ):
+        if name.startswith("COORDINATOR_") and name not in known and name not in _OTHER_VARIABLES:
+            prefix = len("COORDINATOR_")  # compared after it, which every name shares
+            close = difflib.get_close_matches(name[prefix:], sorted(k[prefix:] for k in known), n=1, cutoff=0.75)
+            found[name] = "COORDINATOR_" + close[0] if close else None
+    return found
+
+
+def _say_unknown_variables(environ: Mapping[str, str]) -> None:
+    """Warn once per process of each ``COORDINATOR_*`` variable that names no setting."""
+    for name, close in unknown_variables(environ).items():
+        if name not in _told_unknown:
+            _told_unknown.add(name)
+            log.warning("coordinator: %s is not a setting and is ignored%s", name,
+                        f"; did you mean {close}?" if close else " (coordinator-run --help lists the settings)")
 
 
 def _invalid(setting: str, value: Any, reason: str) -> ConfigError:

@@ -79,8 +79,8 @@ def test_an_invalid_variable_is_named_with_the_value_given(variable, raw, messag
 
 
 @pytest.mark.parametrize("url, message", [
-    ("bogus://x", "unknown store URL scheme 'bogus' in 'bogus://x'; allowed: \\['az', 'file', 'gs', 'redis', 'rediss', "
-                  "'s3'\\]"),
+    ("bogus://x", "unknown store URL scheme 'bogus' in 'bogus://x'; use redis://host:port/db, rediss://..., "
+                  "file:///path"),
     ("file://host/dir", "names a host"),
     ("file:relative/dir", "not a URL"),
     ("redis://127.0.0.1:abc/0", "the port is not a whole number from 1 to 65535"),
@@ -226,3 +226,31 @@ def test_every_cache_kind_is_complete():
         assert (name in DEFAULT_CACHES) == kind.default
     # Only FX graphs are waited for wherever they are looked up (docs/design.md, "Waits never form a cycle").
     assert [name for name, kind in _compat.CACHE_KINDS.items() if kind.waits == "always"] == ["fx_graph"]
+
+
+def test_a_misspelled_variable_is_named_once_with_the_setting_it_is_closest_to(monkeypatch, caplog):
+    from coordinator import settings
+
+    monkeypatch.setattr(settings, "_told_unknown", set())
+    monkeypatch.setenv("COORDINATOR_STOR", "redis://cache:6379/0")
+    monkeypatch.setenv("COORDINATOR_COLOUR", "blue")
+    Config.resolve()
+    Config.resolve()
+    assert caplog.text.count("COORDINATOR_STOR is not a setting and is ignored; did you mean COORDINATOR_STORE?") == 1
+    assert caplog.text.count("COORDINATOR_COLOUR is not a setting and is ignored (coordinator-run --help") == 1
+    assert "COORDINATOR_ENABLE" not in settings.unknown_variables({"COORDINATOR_ENABLE": "1"})
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("COORDINATOR_PERSIST", "s3:/bucket", "COORDINATOR_PERSIST=s3:/bucket: store 's3:/bucket' is not a URL; use "
+                                          "s3://bucket/prefix, gs://bucket/prefix, az://container/prefix"),
+    ("COORDINATOR_PERSIST", "ftp://host/x", "unknown store URL scheme 'ftp' in 'ftp://host/x'; use s3://bucket"),
+    ("COORDINATOR_STORE", "ftp://host/x", "unknown store URL scheme 'ftp' in 'ftp://host/x'; use redis://host:port/db, "
+                                          "rediss://..., file:///path, or leave it unset"),
+    ("COORDINATOR_STORE", "gs://bucket/p", "an object store keeps bundles and the persistent layer"),
+])
+def test_a_bad_url_is_told_the_forms_its_own_setting_takes(monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as raised:
+        Config.resolve()
+    assert message in str(raised.value)
