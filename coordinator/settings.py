@@ -667,7 +667,8 @@ def _check_object_url(shown: str, scheme: str, netloc: str) -> None:
                           "provider's own chain (environment, profile, instance role), never from the URL")
     module, extra = OBJECT_SCHEMES[scheme]
     if importlib.util.find_spec(module) is None:
-        raise ConfigError(f"{shown!r} needs {module}, which is not installed: pip install \"{DISTRIBUTION}[{extra}]\"")
+        raise ConfigError(f"{shown!r} needs {module}, which is not installed: pip install {module} (or, from a "
+                          f"checkout of {DISTRIBUTION}, pip install \".[{extra}]\")")
 
 
 def _check_redis_url(shown: str, parsed: Any) -> None:

@@ -14,9 +14,11 @@ Rank 0 prints each rank's step-1 time and the coordinator's stats.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 import time
 
@@ -33,6 +35,7 @@ def setup_distributed(fresh_cache: bool = True) -> torch.device:
     device and join the process group: NCCL on GPUs, gloo on CPU."""
     if fresh_cache:
         fresh = tempfile.mkdtemp(prefix=f"inductor-rank{os.environ.get('RANK', 0)}-")
+        atexit.register(shutil.rmtree, fresh, ignore_errors=True)  # nothing left in the temp dir
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh
         os.environ["TRITON_CACHE_DIR"] = os.path.join(fresh, "triton")
     if torch.cuda.is_available():

@@ -73,3 +73,14 @@ def load_bundle(url: str, *, name: str = "default", secret: str | bytes | None =
             f.write(str(time.time()))
         return {"fetched": True, **result, "fetch_s": round(fetched - started, 3),
                 "install_s": round(time.monotonic() - fetched, 3)}
+
+
+def described(result: dict) -> str:
+    """:func:`load_bundle`'s result in words, as ``coordinator-run`` logs it."""
+    if not result.get("fetched"):
+        return "installed on this node already"
+    seconds = result["fetch_s"] + result["install_s"]
+    return (f"installed {result['files_written']} files and {result['graphs']} graphs "
+            f"({result['megacache_bytes'] / 1e6:.1f} MB of Mega-Cache) in {seconds:.2f}s; it saves "
+            f"{result['compile_time_s']:.1f}s of compiles, NCCL timeouts extended by "
+            f"{result['timeout_extension_s']:.1f}s")

@@ -259,9 +259,10 @@ def restore(url: str, name: str) -> None:
     """Install the persisted bundle for this node; never fails the job."""
     try:
         from coordinator.bundles import load_bundle
+        from coordinator.bundles.install import described
 
         result = load_bundle(url, name=name)
-        log.info("coordinator-run: bundle %r from %s: %s", name, shown_url(url), result)
+        log.info("coordinator-run: bundle %r from %s: %s", name, shown_url(url), described(result))
     except FileNotFoundError as exc:
         log.warning("coordinator-run: no bundle to restore yet (%s)", exc)
     except Exception as exc:  # an unreachable store or a refused bundle: compile as usual
