@@ -170,7 +170,7 @@ def _slurm_command(args: argparse.Namespace) -> int:
 
 
 def _report_command(args: argparse.Namespace) -> int:
-    from coordinator.observe.report import write_report
+    from coordinator.observe.report import FRAME_LEGEND, write_report
 
     try:
         report = write_report(args.dir, picture=not args.no_picture)
@@ -182,6 +182,8 @@ def _report_command(args: argparse.Namespace) -> int:
     print(report.legend())
     if report.frames:
         print(report.frame_table())
+        print("split frames' columns:")
+        print(report.legend(FRAME_LEGEND))
     if report.triton:
         print(report.triton_table())
         print("  an autotune result is shared only between ranks whose GPUs are of one kind (the last column)")

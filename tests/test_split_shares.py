@@ -129,6 +129,10 @@ def test_a_recompile_shares_every_graph_of_a_model_with_rotary_like_tables(job, 
         assert row.waited_s == pytest.approx(counted["waited_s"], abs=0.01)
     assert sum(row.dealt for row in report.shares) == sum(sizes), report.frame_table()
     assert "split frames per rank" in report.frame_table()
+    from coordinator.observe.report import FRAME_LEGEND
+
+    headers = [line.split(":", 1)[1].split() for line in report.frame_table().splitlines() if ":" in line]
+    assert len(headers) == 2 and all(column in FRAME_LEGEND for columns in headers for column in columns), headers
 
 
 def test_an_input_the_propagation_gets_wrong_is_a_miss_compiled_in_the_chain(job, tmp_path):

@@ -136,9 +136,10 @@ class Report:
         return "\n".join(lines)
 
     @staticmethod
-    def legend() -> str:
-        """What each column of :meth:`table` counts (the rank's summary line says the same)."""
-        return "\n".join(f"  {column:<10}{meaning}" for column, meaning in LEGEND.items())
+    def legend(columns: dict[str, str] | None = None) -> str:
+        """What each column of :meth:`table` counts (the rank's summary line says the same),
+        or of ``columns`` (:data:`FRAME_LEGEND`: :meth:`frame_table`'s)."""
+        return "\n".join(f"  {column:<10}{meaning}" for column, meaning in (columns or LEGEND).items())
 
 
 #: The table's columns and what each counts.
@@ -156,6 +157,23 @@ LEGEND = {
     "rejected": "values that failed verification (checksum, signature, key)",
     "shares": "split graphs it compiled for the job: its share of the frames DDPOptimizer split",
     "step1_s": "seconds from the job's first coordinator event to the end of this rank's first optimizer step",
+}
+
+#: The split-frame tables' columns (:meth:`Report.frame_table`) and what each counts.
+FRAME_LEGEND = {
+    "frame": "a frame DDPOptimizer split into submodules, in the order the ranks compiled them",
+    "graphs": "its submodules' graphs (forward and backward)",
+    "compiled": "of those, the ones compiled for the job in ranks' shares",
+    "served": "chain lookups (the frame's run through its submodules) that found the entry a share published",
+    "missed": "chain lookups that found none and compiled the submodule in the chain",
+    "shares_s": "seconds the ranks spent compiling their shares (summed)",
+    "chains_s": "seconds the ranks' chains took, the lookups' waits included (summed)",
+    "rank": "the rank",
+    "dealt": "submodules dealt to this rank by the frame's measured costs",
+    "taken": "submodules this rank took from another rank's deal, nobody having started them",
+    "share_s": "seconds this rank spent compiling its share",
+    "chain_s": "seconds its chain took",
+    "waited_s": "seconds its chain waited for another rank's share",
 }
 
 
