@@ -32,7 +32,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from common import start_self_profile, stop_self_profile
+from self_profile import start_self_profile, stop_self_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ("alone", "inductor-redis", "megacache", "compile-once", "bundle")

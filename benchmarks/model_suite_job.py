@@ -217,7 +217,7 @@ def main() -> None:
     profile_self = os.environ.get("SUITE_PROFILE_SELF")
     sampler = None
     if profile_self:
-        from common import start_self_profile
+        from self_profile import start_self_profile
 
         sampler = start_self_profile(f"{profile_self}-rank{os.environ.get('RANK', 0)}.txt")
     if args.profile:
@@ -282,7 +282,7 @@ def main() -> None:
         losses.append(loss.item())  # syncs the device
         step_ends.append(time.time())
     if sampler is not None:
-        from common import stop_self_profile
+        from self_profile import stop_self_profile
 
         stop_self_profile(sampler)
 
