@@ -25,29 +25,13 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import command, heading, machine, save, table_head  # noqa: E402
 
 import coordinator  # noqa: E402
-
-
-class NoGPUDriver:
-    """Triton's active driver on a machine without a GPU: it targets ``sm_90`` and launches nothing."""
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
+from coordinator.testing import NoGPUDriver  # noqa: E402
 
 
 def do_bench(kernel_call, quantiles=None):

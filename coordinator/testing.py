@@ -2,7 +2,8 @@
 
 A small GPT (the model of ``examples/train.py``, the GPU tier and the cold-start
 benchmarks), free ports, a Redis server binary for tests that start their own server, and
-test stores; counters of Triton compiles and Inductor's caches. Nothing here is imported by
+test stores; counters of Triton compiles and Inductor's caches; a Triton driver that
+launches nothing, for Triton's compiles on a machine without a GPU. Nothing here is imported by
 the coordinator itself.
 """
 
@@ -19,8 +20,27 @@ import torch.nn.functional as F
 
 from coordinator._compat import count_triton_compiles, frames_traced, inductor_counters, process_compile_seconds
 
-__all__ = ["GPT", "Block", "count_triton_compiles", "frames_traced", "free_port", "inductor_counters",
+__all__ = ["GPT", "Block", "NoGPUDriver", "count_triton_compiles", "frames_traced", "free_port", "inductor_counters",
            "open_test_store", "process_compile_seconds", "redis_server_binary"]
+
+
+class NoGPUDriver:
+    """A Triton driver for a machine without a GPU (``triton.runtime.driver.set_active``): it
+    targets an H100-class GPU (``sm_90``), so Triton compiles real cubins, and launches nothing."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
 
 
 class Block(nn.Module):

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -59,10 +60,8 @@ def main() -> None:
               "secret_set": session.config.secret is not None,
               "job_secret_set": bool(os.environ.get("COORDINATOR_JOB_SECRET")),
               "store_signed": session.config.store_secret is not None}
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()  # after the forged lookup: rank 0's store outlives it
 
 
 if __name__ == "__main__":

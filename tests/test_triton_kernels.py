@@ -248,9 +248,9 @@ def test_an_autotuner_is_changed_once_and_launches_through_tritons_own_run(tmp_p
     import triton.language as tl
     from triton.runtime import driver
     from triton.runtime.autotuner import Autotuner
-    from triton_kernel_job import NoGPUDriver
 
     import coordinator
+    from coordinator.testing import NoGPUDriver
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))

@@ -47,27 +47,10 @@ import torch
 import triton
 import triton.language as tl
 from triton import knobs
-from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 
 import coordinator
-
-
-class NoGPUDriver:
-    """Triton's active driver on a machine without a GPU: it targets ``sm_90`` and launches nothing."""
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
+from coordinator.testing import NoGPUDriver
 
 compiles: list[str] = []
 module_builds: list[str] = []
