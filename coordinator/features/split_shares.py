@@ -372,7 +372,7 @@ class SplitShares(Feature, counts=SplitShareCounts):
         rank's deal), then end its slot."""
         if flight.lookup(done, blocking=False).value is not None:
             self.counts.skipped += 1  # a job before this one compiled it: in the store
-            self._mark(flight, slot, b"in the store")  # no seconds to deal a recompile by
+            _mark(flight, slot, b"in the store")  # no seconds to deal a recompile by
             return
         began = time.time()
         outcome = "failed"
@@ -407,15 +407,11 @@ class SplitShares(Feature, counts=SplitShareCounts):
             # Behind its entries, which the writer publishes first: a follower woken by
             # the slot finds them. The slot's value is the compile's seconds, which a
             # recompile of the frame is dealt by.
-            self._mark(flight, done)
-            self._mark(flight, slot, f"{seconds:.3f}".encode())
+            _mark(flight, done)
+            _mark(flight, slot, f"{seconds:.3f}".encode())
             log.debug("compile_once: compiled split graph %d of a frame for the job", index)
         else:
             flight.abandon(slot)
-
-    @staticmethod
-    def _mark(flight: Singleflight, key: str, value: bytes = b"1") -> None:
-        flight.publish_behind(key, lambda: value, nbytes=len(value), what=f"split share {short_key(key)}")
 
     # -- the chain ---------------------------------------------------------------------------
 
@@ -447,3 +443,8 @@ def _not_triton(store_key: str) -> bool:
     """Whether ``store_key`` (``<prefix>/<kind>/<digest>``) is not a Triton kind's: a Triton
     compile on another thread releases its own claims."""
     return not store_key.rsplit("/", 2)[-2].startswith("triton")
+
+
+def _mark(flight: Singleflight, key: str, value: bytes = b"1") -> None:
+    """Publish a share's mark ``key`` behind the compile."""
+    flight.publish_behind(key, lambda: value, nbytes=len(value), what=f"split share {short_key(key)}")

@@ -226,14 +226,6 @@ class TritonKernels(Feature, counts=TritonCounts):
         """Triton saved a host C module it built: publish it."""
         self._built(manager, filename, {filename: data})
 
-    def users_manager_set(self, users: type) -> None:
-        """The user set ``TRITON_CACHE_MANAGER`` after the session began: Triton builds theirs."""
-        if not getattr(self, "_told_users_manager", False):
-            self._told_users_manager = True
-            log.warning("compile_once: Triton's cache manager is the user's own (%s:%s), set after the session "
-                        "began: Triton kernels outside Inductor are not shared from here on",
-                        users.__module__, users.__qualname__)
-
     def fetch_tuning(self, manager: Any, filename: str) -> str | None:
         """An autotune result Triton did not find on disk: from the session (written into
         ``manager``'s directory, its path returned) or ``None``: Triton benchmarks."""
@@ -390,6 +382,7 @@ class _AheadOf:
 def _manager_class(feature: TritonKernels) -> type:
     """A Triton cache manager class whose instances ask ``feature`` for what is not on disk."""
     base = _compat.file_cache_manager()
+    told: set[type] = set()  # the user's managers the session named
 
     class CoordinatorCacheManager(base):  # type: ignore[misc, valid-type]
         """Triton's file cache with the session behind it (``coordinator.features.triton_kernels``)."""
@@ -397,7 +390,11 @@ def _manager_class(feature: TritonKernels) -> type:
         def __new__(cls, key: str, override: bool = False, dump: bool = False) -> Any:
             users = _compat.users_manager_class()
             if users is not None:  # the user's, set after the session began: theirs, not shared
-                feature.users_manager_set(users)
+                if users not in told:
+                    told.add(users)
+                    log.warning("compile_once: Triton's cache manager is the user's own (%s:%s), set after the "
+                                "session began: Triton kernels outside Inductor are not shared from here on",
+                                users.__module__, users.__qualname__)
                 return users(key, override=True) if override else users(key, dump=True) if dump else users(key)
             return super().__new__(cls)
 
