@@ -34,7 +34,7 @@ from coordinator.bundles.keys import use_session_lookup
 from coordinator.errors import ConfigError
 from coordinator.observe.logs import show_coordinator_logs, show_logs_unless_configured
 from coordinator.session import Session
-from coordinator.settings import Config, JobSettings, shown_url, take_enable_switch
+from coordinator.settings import Config, JobSettings, config_differences, shown_url, take_enable_switch
 from coordinator.starts import SessionStarts
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def compile_once(store: Any = None, *, config: Config | None = None, **settings:
     global _active, _last
     active = _active
     if active is not None:
-        differences = active.config.differences(config)
+        differences = config_differences(active.config, config)
         if differences:
             raise ConfigError("compile_once is already active in this process with other settings: "
                               + "; ".join(differences))

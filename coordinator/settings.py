@@ -343,16 +343,7 @@ class Config:
 
     def __post_init__(self) -> None:
         for name in _SECRETS:
-            value = getattr(self, name)
-            if isinstance(value, str):
-                value = value.encode()
-                setattr(self, name, value)
-            if value is not None and len(value) < MIN_SECRET_BYTES:  # its value is never shown
-                reason = (f"a secret of {len(value)} bytes is refused: it must be at least {MIN_SECRET_BYTES} "
-                          "bytes (unset it to run unsigned)")
-                error = ConfigError(f"{name}: {reason}")
-                error.setting, error.reason = name, reason
-                raise error
+            setattr(self, name, _checked_secret(name, getattr(self, name)))
         for name in ("lease", "wait_timeout", "progress_interval", "drain_timeout"):
             value = getattr(self, name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -360,7 +351,7 @@ class Config:
             if not isinstance(value, timedelta) or value <= timedelta(0):
                 raise self._invalid(name, "must be a positive number of seconds (or a positive timedelta)")
             setattr(self, name, value)
-        self._check_caches()
+        _check_caches(self)
         for name, least, reason in _WHOLE_NUMBERS:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -371,47 +362,8 @@ class Config:
             self.trace_dir = Path(self.trace_dir)
         if self.trace_dir is not None and self.trace_dir.exists() and not self.trace_dir.is_dir():
             raise self._invalid("trace_dir", "exists and is not a directory")
-        self._check_store()
-        self._check_persist()
-
-    def _check_caches(self) -> None:
-        kinds = tuple(_cache_kinds())
-        if self.caches is None:
-            self.caches = tuple(name for name, kind in _cache_kinds().items() if kind.default)
-        if isinstance(self.caches, str):
-            self.caches = _names("caches", self.caches)
-        self.caches = tuple(self.caches)
-        unknown = sorted(set(self.caches) - set(kinds))
-        if unknown:
-            raise self._invalid("caches", f"unknown cache kinds {unknown}; allowed: {', '.join(kinds)}")
-
-    def _check_store(self) -> None:
-        if isinstance(self.store, str):
-            self._check_url("store", live=True)
-        elif getattr(self.store, "live", True) is False:
-            raise self._invalid("store", f"{self.store!r} cannot hold a job's live claims; give it as persist")
-        elif self.store is not None:
-            import torch.distributed as dist
-
-            # A coordinator.Store is known by its atomic add (the stores' layer sits above this one).
-            if not (isinstance(self.store, dist.Store) or callable(getattr(self.store, "add_if_absent", None))):
-                raise self._invalid("store", f"cannot use {type(self.store).__name__} as a store; give a URL, "
-                                             "a torch.distributed.Store or a coordinator.Store")
-
-    def _check_persist(self) -> None:
-        if self.persist is None:
-            return
-        if not isinstance(self.persist, str):
-            raise self._invalid("persist", "must be a store URL: s3://bucket/prefix, gs://..., az://..., "
-                                           "file:///dir, redis://...")
-        self._check_url("persist")
-
-    def _check_url(self, name: str, *, live: bool = False) -> None:
-        """The setting ``name``'s URL checked as every store URL is (:func:`check_store_url`)."""
-        try:
-            check_store_url(getattr(self, name), live=live)
-        except ConfigError as exc:
-            raise self._invalid(name, str(exc)) from None
+        _check_store(self)
+        _check_persist(self)
 
     def _invalid(self, name: str, reason: str) -> ConfigError:
         return _invalid(name, getattr(self, name), reason)
@@ -438,24 +390,6 @@ class Config:
         """
         _say_unknown_variables(os.environ if environ is None else environ)
         return _resolve(cls, environ, sources, arguments)
-
-    def differences(self, other: Config) -> list[str]:
-        """Each setting in which ``other`` differs from this config, as ``name
-        (VARIABLE): active VALUE, requested VALUE``; a secret's value and a password are never shown."""
-        found = []
-        for field in dataclasses.fields(self):
-            mine, theirs = getattr(self, field.name), getattr(other, field.name)
-            if mine is theirs or (type(mine) is type(theirs) and mine == theirs):
-                continue
-            if field.name in _SECRETS:
-                shown = ("none" if mine is None else "set",
-                         "none" if theirs is None else "set" if mine is None else "another one")
-            else:
-                shown = (_shown(mine), _shown(theirs))
-                if shown[0] == shown[1]:  # they differ where a password is shown as ***
-                    shown = (shown[0], f"{shown[1]} (another password)")
-            found.append(f"{field.name} ({field.metadata['env']}): active {shown[0]}, requested {shown[1]}")
-        return found
 
     def replace(self, **arguments: Any) -> Config:
         """This config with the arguments that are not ``None`` in place of its values,
@@ -777,6 +711,79 @@ def _say_unknown_variables(environ: Mapping[str, str]) -> None:
             _told_unknown.add(name)
             log.warning("coordinator: %s is not a setting and is ignored%s", name,
                         f"; did you mean {close}?" if close else " (coordinator-run --help lists the settings)")
+
+
+def _check_caches(config: Config) -> None:
+    kinds = tuple(_cache_kinds())
+    if config.caches is None:
+        config.caches = tuple(name for name, kind in _cache_kinds().items() if kind.default)
+    if isinstance(config.caches, str):
+        config.caches = _names("caches", config.caches)
+    config.caches = tuple(config.caches)
+    unknown = sorted(set(config.caches) - set(kinds))
+    if unknown:
+        raise config._invalid("caches", f"unknown cache kinds {unknown}; allowed: {', '.join(kinds)}")
+
+def _check_store(config: Config) -> None:
+    if isinstance(config.store, str):
+        _check_url(config, "store", live=True)
+    elif getattr(config.store, "live", True) is False:
+        raise config._invalid("store", f"{config.store!r} cannot hold a job's live claims; give it as persist")
+    elif config.store is not None:
+        import torch.distributed as dist
+
+        # A coordinator.Store is known by its atomic add (the stores' layer sits above this one).
+        if not (isinstance(config.store, dist.Store) or callable(getattr(config.store, "add_if_absent", None))):
+            raise config._invalid("store", f"cannot use {type(config.store).__name__} as a store; give a URL, "
+                                         "a torch.distributed.Store or a coordinator.Store")
+
+def _check_persist(config: Config) -> None:
+    if config.persist is None:
+        return
+    if not isinstance(config.persist, str):
+        raise config._invalid("persist", "must be a store URL: s3://bucket/prefix, gs://..., az://..., "
+                                       "file:///dir, redis://...")
+    _check_url(config, "persist")
+
+def _check_url(config: Config, name: str, *, live: bool = False) -> None:
+    """The setting ``name``'s URL checked as every store URL is (:func:`check_store_url`)."""
+    try:
+        check_store_url(getattr(config, name), live=live)
+    except ConfigError as exc:
+        raise config._invalid(name, str(exc)) from None
+
+
+def _checked_secret(name: str, value: str | bytes | None) -> bytes | None:
+    """A secret setting's value as bytes; one shorter than ``MIN_SECRET_BYTES`` is refused,
+    its value never shown."""
+    if isinstance(value, str):
+        value = value.encode()
+    if value is not None and len(value) < MIN_SECRET_BYTES:
+        reason = (f"a secret of {len(value)} bytes is refused: it must be at least {MIN_SECRET_BYTES} bytes "
+                  "(unset it to run unsigned)")
+        error = ConfigError(f"{name}: {reason}")
+        error.setting, error.reason = name, reason
+        raise error
+    return value
+
+
+def config_differences(active: Config, other: Config) -> list[str]:
+    """Each setting in which ``other`` differs from ``active``, as ``name (VARIABLE): active
+    VALUE, requested VALUE``; a secret's value and a password are never shown."""
+    found = []
+    for field in dataclasses.fields(active):
+        mine, theirs = getattr(active, field.name), getattr(other, field.name)
+        if mine is theirs or (type(mine) is type(theirs) and mine == theirs):
+            continue
+        if field.name in _SECRETS:
+            shown = ("none" if mine is None else "set",
+                     "none" if theirs is None else "set" if mine is None else "another one")
+        else:
+            shown = (_shown(mine), _shown(theirs))
+            if shown[0] == shown[1]:  # they differ where a password is shown as ***
+                shown = (shown[0], f"{shown[1]} (another password)")
+        found.append(f"{field.name} ({field.metadata['env']}): active {shown[0]}, requested {shown[1]}")
+    return found
 
 
 def _invalid(setting: str, value: Any, reason: str) -> ConfigError:
