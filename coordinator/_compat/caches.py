@@ -2,7 +2,27 @@
 
 Sets ``backend_override_cls`` on each ``torch._inductor.remote_cache`` class and the
 config switches that make Inductor consult them; keeps compile workers' jobs off Inductor's
-own Redis backend (``compile_workers``); calls back at the end of each compile.
+own Redis backend (``compile_workers``); calls back at the start and at the end of each
+compile; names Inductor's cache dir; says whether AOTAutograd entries hold their graphs;
+installs Mega-Cache bytes.
+
+Private names: :func:`routed_remote_caches`: ``remote_cache.Remote*Cache.backend_override_cls``,
+the ``*_remote_cache`` switches, ``bundle_triton_into_fx_graph_cache``,
+``AOTAutogradCache.get_remote_cache``; compile-start and compile-end callbacks
+(:func:`on_compile_start`, :func:`on_compile_end`: ``callback_handler``'s
+``register_start_callback``/``start_callbacks`` and ``register_end_callback``/``end_callbacks``;
+the start callbacks start a session's compile part inside Dynamo's first compile);
+cache dirs (:func:`inductor_cache_dir` names the dir as ``cache_dir_utils.cache_dir``/
+``default_cache_dir`` do, without importing Inductor); whether AOTAutograd entries hold their
+graphs (``autograd_cache.should_bundle_autograd_cache``), and so whether a hit of one saves its
+recorded compile time (:func:`hit_saves_compile`: AOTAutograd's ``time_taken_ms`` spans from
+its lookup to the end of its compiles); Mega-Cache installs and the FX keys they write
+(:func:`load_cache_artifacts`: ``CacheInfo.inductor_artifacts``).
+
+Checked: the compile-start callbacks ran on 2.13.0 and 2.14.1 (CPU tests); the cache dir
+compared with torch's own on both CI legs (``tests/test_first_compile.py``); ``time_taken_ms``
+read from 2.13.0's ``graph_compile``; ``CacheInfo.inductor_artifacts`` from 2.13.0. GPU tier
+on 2.11.0.
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ and ``compile_worker.tracked_process_pool.TrackedProcessPoolExecutor`` (``submit
 ``get_compile_threads`` by ``use_process_pool``, ``warm_pool``, ``submit``, ``process_pool``), ``remote_cache``'s
 ``RedisRemoteCacheBackend`` (reads ``TORCHINDUCTOR_REDIS_URL`` at construction). Read from the
 sources of 2.11.0, 2.13.0 and 2.14.1; the jobs' environment and the pool's size ran on 2.13.0
-and 2.14.1 (CPU tests, Inductor's own pool) and on 2.11.0 (H200s).
+and 2.14.1 (CPU tests, Inductor's own pool); all three (what a job sees, how many, when) on
+2.11.0 (H200s).
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """Counters the tests and benchmarks read (``coordinator.testing``): Triton compiles
 (``triton.runtime.cache.FileCacheManager.put``) and Inductor's own counters
-(``torch._dynamo.utils.counters``). Not used by the coordinator itself."""
+(``torch._dynamo.utils.counters``). Not used by the coordinator itself.
+
+Private names: ``FileCacheManager.put`` (cubins Triton compiles), ``torch._dynamo.utils.counters``,
+``torch._dynamo.utils.compilation_time_metrics`` (frames traced). Ran on 2.13.0 and 2.14.1 in
+the CPU suite, on 2.11.0 in the GPU tier on an H100 and an H200.
+"""
 
 from __future__ import annotations
 

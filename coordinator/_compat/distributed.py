@@ -1,5 +1,11 @@
 """torch.distributed internals: the default store, NCCL process groups and the
-ephemeral NCCL timeout extension."""
+ephemeral NCCL timeout extension.
+
+NCCL timeouts (:func:`extend_nccl_timeouts`, :func:`has_nccl_process_group`) and the default
+store (:func:`default_c10d_store`). Private names: ``distributed_c10d._get_default_store``,
+``distributed_c10d._world.pg_map``, a process group's ``_device_types`` and ``_get_backend``,
+``distributed_c10d._add_ephemeral_timeout_for_all_pgs``. Ran on 2.11.0 on GPUs.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,28 @@
 """FX-graph lookups: keep remote hits in Inductor's local cache, report every hit, say
 whether a lookup loads an AOTAutograd entry's graph, and keep rank-dependent graphs out of
-the local cache."""
+the local cache; FX entries that bundle only the Triton kernels their code launches; the
+C++ kernels a graph resolves.
+
+Private names: :func:`fx_graph_lookups`: ``FxGraphCache._lookup_graph``,
+``_write_to_local_cache``, ``_get_tmp_dir_for_key``, ``codecache._worker_compile_cpp``,
+``RedisRemoteCache._get_key`` and the FX remote value format of ``_save_graph``
+(``{"data": <base64>, ...}``); the compile time a hit's entry records
+(``CompiledFxGraph._time_taken_ns``, the one Inductor's own ``time_saved_ns`` reads).
+Whether a lookup loads an AOTAutograd entry's graph (:func:`in_aot_entry_load`):
+``_lookup_graph``'s ``evaluate_guards``, which only ``FxGraphCacheLoadable.load`` passes
+(2.13.0; without the parameter, never). Entries that bundle only the Triton kernels their
+code launches (:func:`bundles_of_final_kernels`): ``FxGraphCache._save_graph``,
+``CompiledFxGraph._triton_bundle``/``source_code``, ``TritonBundle.kernel_artifacts`` (a
+dataclass), ``TritonKernelArtifact.filename``. The C++ kernels a graph resolves
+(:func:`cpu_kernels_resolved`): ``CppCodeCache.load_async``, ``codecache.write`` and its
+``main.cpp`` naming.
+
+Checked: 2.11.0 does not keep remote hits in its local cache itself; keeping them ran in
+the GPU tier on 2.11.0. ``cpu_kernels_resolved`` read from 2.11.0's and 2.14.1's sources,
+ran on 2.13.0 and 2.14.1 (CPU tests). 2.13 already drops the losing configs of kernels it
+tuned (``TritonBundler.put_winner``), not untuned template choices. Ran in the GPU tier and
+the max-autotune benchmark on 2.11.0.
+"""
 
 from __future__ import annotations
 

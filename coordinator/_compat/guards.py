@@ -1,5 +1,14 @@
 """Guards against wrong results and hangs: reads of the rank during a compile, and
-Inductor switches that run collectives inside a compile."""
+Inductor switches that run collectives inside a compile.
+
+Private names: reads of the rank (:func:`rank_reads`: ``torch.distributed.get_rank``,
+``ProcessGroup.rank``; the reads of ``fx_passes/bucketing.py``, ``decomp_comms``,
+``ddp_fusion``, ``select_algorithm``, ``_logging/_internal.py``, whose log formatter reads the
+rank for each record, found by the GPU tier's max-autotune case on 2.11.0, and
+``_dynamo/repro/after_aot.py``, whose repro script of each graph records ranks) and
+in-compile collectives (:func:`collective_switches_off`: ``distributed_max_autotune_gemm``,
+``distributed_runtime_autotune``, ``aten_distributed_optimizations.spmd_check``).
+"""
 
 from __future__ import annotations
 

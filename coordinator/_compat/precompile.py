@@ -91,7 +91,10 @@ instance), ``CompilePackage`` (``install``, ``uninstall``, ``source_id``,
 ``autograd_cache.AOTAutogradCachePickler._reduce_aot_config``, ``AOTConfig.precompile_backend_id``;
 ``fsdp._fully_shard._fully_shard`` (``get_cls_to_fsdp_cls``, ``FSDPModule`` and its
 ``__new__``, ``_orig_cls_mro_index``, ``_unimplemented_deepcopy``; the class as
-``_fsdp_init._apply_to_module`` makes it).
+``_fsdp_init._apply_to_module`` makes it). Read from the sources of 2.11.0, 2.13.0 and 2.14.1
+(``PRECOMPILE_VERSIONS``, ``CHECKED_ON["precompile"]``, lists where it is offered); the tests
+(``tests/test_precompiled.py``, with ``tests/precompile_mends.py``) ran on 2.13.0 and 2.14.1 on
+CPU; on 2.11.0 on an H200 (the restart benchmark, HF Llama).
 """
 
 from __future__ import annotations

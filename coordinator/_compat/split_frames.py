@@ -41,7 +41,14 @@ Inductor's ``_is_inductor_static`` tag, AOTAutograd's ``autograd_cache_hit`` cou
 the sources of 2.11.0, 2.13.0 and 2.14.1 (``SubmodCompiler`` differs only in
 ``compiler_configs``, from 2.13); the keys of shares and chain compared field by field
 (the split-key probe, ``benchmarks/RESULTS.md``) on torch 2.11 with one H100, and on 2.11, 2.13 and
-2.14.1 on CPU (the tests).
+2.14.1 on CPU (the tests). The tests (``tests/test_split_shares.py``) ran on 2.13.0 and 2.14.1
+on CPU (both CI legs), on 2.11.0 on CPU before the put-back (its own test ran there too); on
+2.11.0 on 4 H100s over NCCL (the N=4 cold-start benchmark). The caches the put-back keeps
+aside ran on 2.11.0 on 2 H200s (the split-cold benchmark); its replacement counter moving on
+(``_replacements_version_counter``, in the sources of 2.13.0 and 2.14.1) ran on 2.13.0 and
+2.14.1 only (its test, both CI legs). ``SplitFrame.has_symbolic_floats`` reads each
+submodule node's ``meta["val"]``/``["example_value"]``; ran on 2.13.0 and 2.14.1
+(``tests/test_models.py``, Llama dynamic on 3 ranks), not yet on 2.11.0.
 """
 
 from __future__ import annotations

@@ -49,7 +49,11 @@ Private names (2.11.0, 2.13.0, 2.14.1): ``autograd_cache.check_cacheable``,
 ``AOTConfig.cache_info.cache_key`` and ``force_non_lazy_backward_lowering``,
 ``TracingContext.fakify_first_call``/``fw_metadata``/``ddp_optimizer_ctx``,
 ``DDPOptimizerContext.curr_bucket``, ``ShapeEnv.deserialize_symexpr``,
-``SymExprPrinter``.
+``SymExprPrinter``; ``fake_outputs``, which describes and rebuilds the fake tensors, has its
+own. Read from the sources of 2.11.0, 2.13.0 and 2.14.1 (``SPLIT_GRAPH_VERSIONS``,
+``CHECKED_ON["split_graphs"]``, lists where it is on); the tests
+(``tests/test_split_graphs.py``) ran on all three on CPU; on 2.11.0 on an H100 (the restart
+benchmark, the GPU tier).
 """
 
 from __future__ import annotations

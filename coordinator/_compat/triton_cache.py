@@ -30,15 +30,24 @@ of its own, renamed into place, then the group file), and :func:`loader_files` p
 files a loader reads from a kernel's group (binary and metadata, as
 ``TRITON_STORE_BINARY_ONLY`` keeps).
 
-Private names: ``Autotuner.run``, ``check_disk_cache`` and the benchmark closure it is
-given (its free variables ``args`` and ``kwargs``), ``cache_results``, ``fn``, ``configs``;
-``JITFunction.run``'s ``warmup`` argument and ``JITFunction._do_compile``;
+Private names, not torch's: Triton's. ``FileCacheManager``'s ``get_group``/``put_group``/
+``get_file``/``put`` as ``triton.compile``, ``compile_module_from_src`` and
+``Autotuner.check_disk_cache`` call them; ``Autotuner.run``, ``check_disk_cache`` and the
+benchmark closure it is given (its free variables ``args`` and ``kwargs``), ``cache_results``,
+``base_fn``, ``fn``, ``configs``; ``JITFunction.run``'s ``warmup`` argument
+(``run(warmup=True)``) and ``JITFunction._do_compile``; ``triton.compile`` (wrapped where
+Inductor calls it); ``runtime._async_compile.AsyncCompileMode``;
 ``triton.runtime.build._build``; the host modules' file names (``compile_module_from_src``:
 ``get_file``/``put`` of ``<name><EXT_SUFFIX>``); the group file's layout
-(``__grp__<name>``, ``{"child_paths": ...}``); ``knobs.cache.manager_class`` (a
-descriptor whose instance value overrides the environment). Read from Triton 3.6.0's and
-3.8.0's sources; ran on 3.8.0 (torch 2.14.1's build, on the CPU: compiles to a GPU target
-and the cache calls) and 3.6.0 (torch 2.11, H200).
+(``__grp__<name>``, ``{"child_paths": ...}``); ``knobs.cache.manager_class`` (set to a class
+for the session; a descriptor whose instance value overrides the environment). Read from
+Triton 3.6.0's and 3.8.0's sources; ran on 3.8.0 (torch 2.14.1's build, CPU tests on the
+CPU: compiles to a GPU target, real ``sm_90`` compiles, and the cache calls; a driver that
+launches nothing) and 3.6.0 (torch 2.11, one H200: flash-linear-attention and
+liger-kernel). The compile scopes, the benchmark closure and the whole install were read
+from 3.8.0's source and ran there only. Off where Triton lacks any of the seams
+(:func:`triton_cache_unsupported`); where it lacks a scope's function, that scope is not
+wrapped, and where the closure lacks the launch's arguments, no config is compiled ahead.
 """
 
 from __future__ import annotations
@@ -240,15 +249,16 @@ def autotuner_hooks(cache_results: bool, ended: Callable[[bool], None] = lambda 
 @contextlib.contextmanager
 def compile_scopes(ended: Callable[[], None], build_failed: Callable[[], None]) -> Iterator[None]:
     """For the duration, ``ended()`` runs on a thread as each Triton compile there ends
-    (``JITFunction._do_compile``: a kernel's compile, or its submission to an
-    ``AsyncCompileMode``), raised or not; ``build_failed()`` as a host C module's build
-    raises (``triton.runtime.build._build``). Where this Triton lacks either, nothing is
-    wrapped for it."""
+    (``JITFunction._do_compile``: a ``@triton.jit`` kernel's compile, or its submission to
+    an ``AsyncCompileMode``; ``triton.compile``, which Inductor calls), raised or not;
+    ``build_failed()`` as a host C module's build raises (``triton.runtime.build._build``).
+    Where this Triton lacks one, nothing is wrapped for it."""
+    import triton
     from triton.runtime import build
     from triton.runtime.jit import JITFunction
 
-    wrapped = ((JITFunction, "_do_compile"), (build, "_build"))
-    originals = [(owner, name, owner.__dict__[name]) for owner, name in wrapped if name in vars(owner)]
+    wrapped = ((JITFunction, "_do_compile"), (triton, "compile"), (build, "_build"))
+    originals = [(owner, name, vars(owner)[name]) for owner, name in wrapped if name in vars(owner)]
 
     def scoped(function: Callable[..., Any], always: bool) -> Callable[..., Any]:
         @functools.wraps(function)
@@ -266,7 +276,7 @@ def compile_scopes(ended: Callable[[], None], build_failed: Callable[[], None]) 
         return wrapper
 
     for owner, name, function in originals:
-        setattr(owner, name, scoped(function, always=name == "_do_compile"))
+        setattr(owner, name, scoped(function, always=name != "_build"))
     try:
         yield
     finally:

@@ -14,8 +14,9 @@ Only where the process sees one CUDA GPU (``coordinator-run`` and ``torchrun
 --virtual-local-rank`` show each worker its GPU as device 0).
 
 Private names: ``triton.backends.nvidia.driver.CudaUtils`` (a singleton whose constructor
-builds and loads ``cuda_utils``). Triton 3.6 (torch 2.11, H100 and H200) and 3.8 (torch
-2.14.1's CUDA build, read, not run: no GPU on the CPU machines).
+builds and loads ``cuda_utils``). Triton 3.6 (torch 2.11, H100 and H200; on an H100, the
+restart benchmark) and 3.8 (torch 2.14.1's CUDA build, read, not run: no GPU on the CPU
+machines).
 """
 
 from __future__ import annotations

@@ -11,6 +11,17 @@ compile workers and static autotuners restored from FX entries get their autotun
 routed to the coordinator too (``route_autotune_cache``), and a config a worker found in
 this rank's own cache is shared under the key a loader looks it up by
 (``share_config_kept_from_cache``).
+
+Private names: ``CachingAutotuner.autotune_to_one_config``, ``coordinate_descent_tuning``,
+``recheck_autotune_cache``, ``restore_after_unpickle``, ``precompile``, ``save_cache_hook``,
+``configs``/``compile_results``, ``filename``, ``inductor_meta``, ``triton_meta["device"]``;
+``AutotuneCache._prepare_key``, ``_setup_remote_autotune_cache``, ``remote_cache``,
+``configs_hash``, ``_read``, ``read_best``; ``hash_configs``, ``check_autotune_cache``. 2.14
+adds ``CachingAutotuner._could_rblock_scale``, read by ``recheck_autotune_cache``.
+
+Checked: read from 2.13.0's source and from 2.11.0's too; the ``read_best``/
+``recheck_autotune_cache`` backports (pytorch#172819, ``versions.FIXED_IN``) apply before
+2.12. GPU tier on 2.11.0 (all four cases).
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
 """Which torch runs, and the torch versions each version-gated hook was checked on.
 
+The one torch version helper (:func:`torch_version`, :func:`torch_before`).
 ``CHECKED_ON`` is the one support table: a feature whose hooks reach deep into torch is
 offered only on the versions (major, minor) whose sources its hooks were read from and
-whose tests passed there (``__init__``'s docstring says where each ran). ``FIXED_IN`` names
-the torch bugs a hook works around, with the version that fixed each: the workaround
-applies before it.
+whose tests passed there (:func:`unchecked` says why a feature is off; its module's
+docstring says where it ran, ``__init__``'s which machines ran each torch). ``FIXED_IN``
+names the torch bugs a hook works around, with the version that fixed each: the workaround
+applies before it (:func:`needs_fix`).
+
+No private name: ``torch.__version__`` only.
 """
 
 from __future__ import annotations
