@@ -6,7 +6,7 @@ Inductor's own ``make_precompile_fn`` returns before it precompiles anything on 
 Python of this machine (3.11 <= 3.11.8, cpython#106905) and sends only Triton GPU
 templates to the workers, so a stand-in in its place records what Inductor's check
 (``AsyncCompile.use_process_pool()``) answers inside a selection. The GPU side is
-measured by the recompile probe (``benchmarks/RESULTS.md``).
+measured by the recompile probe (``benchmarks/RESULTS.md`` at ddb6d09).
 """
 
 from __future__ import annotations

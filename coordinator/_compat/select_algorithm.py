@@ -4,7 +4,7 @@ Before timing a selection's choices, Inductor precompiles them in parallel
 (``AlgorithmSelectorCache.make_precompile_fn``): a Triton template choice goes to its
 compile workers once they are up (``AsyncCompile.use_process_pool()``), any other to
 threads of this process. On torch 2.11 the timing that follows does not find the
-workers' kernels (other Triton cache keys: the recompile probe, ``benchmarks/RESULTS.md``) and
+workers' kernels (other Triton cache keys: the recompile probe, ``benchmarks/RESULTS.md`` at ddb6d09) and
 compiles each choice again, one at a time, in the rank's own thread: most of a
 max-autotune compile. :func:`precompile_choices_in_process` sends a selection's
 precompiles to the threads instead, whose kernels the timing then uses.

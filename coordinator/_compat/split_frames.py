@@ -40,7 +40,7 @@ cached on it; read with a default where a version lacks it), ``_prev_cache_key``
 Inductor's ``_is_inductor_static`` tag, AOTAutograd's ``autograd_cache_hit`` counter. Read from
 the sources of 2.11.0, 2.13.0 and 2.14.1 (``SubmodCompiler`` differs only in
 ``compiler_configs``, from 2.13); the keys of shares and chain compared field by field
-(the split-key probe, ``benchmarks/RESULTS.md``) on torch 2.11 with one H100, and on 2.11, 2.13 and
+(the split-key probe, ``benchmarks/RESULTS.md`` at ddb6d09) on torch 2.11 with one H100, and on 2.11, 2.13 and
 2.14.1 on CPU (the tests). The tests (``tests/test_split_shares.py``) ran on 2.13.0 and 2.14.1
 on CPU (both CI legs), on 2.11.0 on CPU before the put-back (its own test ran there too); on
 2.11.0 on 4 H100s over NCCL (the N=4 cold-start benchmark). The caches the put-back keeps
