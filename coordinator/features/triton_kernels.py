@@ -75,6 +75,7 @@ import importlib.util
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -107,9 +108,20 @@ class _Ahead(Exception):
     """Ends a config's compile ahead of its tuning: another rank holds it, or it is done."""
 
 
+#: A kernel entry's first byte when its files are compressed (a msgpack map never starts so).
+_COMPRESSED = b"Z"
+
+
+def _pack(files: dict[str, bytes]) -> bytes:
+    """A kernel entry: its files by name, compressed (a binary and its metadata shrink 2-4×)."""
+    return _COMPRESSED + zlib.compress(msgpack.packb(files, use_bin_type=True), 1)
+
+
 def _unpack(payload: bytes) -> dict[str, bytes] | None:
     """A kernel entry's files by name, or ``None`` if it is not one (names are plain file names)."""
     try:
+        if payload.startswith(_COMPRESSED):
+            payload = zlib.decompress(payload[1:])
         files = msgpack.unpackb(payload, raw=False)
     except Exception:
         return None
@@ -220,7 +232,7 @@ class TritonKernels(Feature, counts=TritonCounts):
             with self._lock:
                 self.counts.configs_compiled_ahead += 1
         self.context.kernels.record_triton(manager.cache_dir)
-        self._publish(manager, KERNEL, f"{manager.key}/{filename}", msgpack.packb(files, use_bin_type=True))
+        self._publish(manager, KERNEL, f"{manager.key}/{filename}", _pack(files))
 
     def module_built(self, manager: Any, filename: str, data: bytes) -> None:
         """Triton saved a host C module it built: publish it."""
