@@ -389,6 +389,8 @@ class Config:
                 from and the value given.
         """
         _say_unknown_variables(os.environ if environ is None else environ)
+        if environ is None and _taken_job_secret and variable("job_secret") not in os.environ:
+            environ = {**os.environ, variable("job_secret"): _taken_job_secret[0]}
         return _resolve(cls, environ, sources, arguments)
 
     def replace(self, **arguments: Any) -> Config:
@@ -489,7 +491,8 @@ def enable_requested(environ: Mapping[str, str] | None = None) -> bool:
 
 def take_enable_switch(environ: dict[str, str] | None = None) -> bool:
     """Whether the on switch is on; when it is, it is taken out of ``environ`` (default
-    ``os.environ``), so that the processes this one starts do not switch on too.
+    ``os.environ``), so that the processes this one starts do not switch on too, and so is
+    the job's secret (``job_secret``), which this process keeps for its sessions.
 
     Raises:
         ConfigError: the switch's value is not a yes/no value.
@@ -498,7 +501,15 @@ def take_enable_switch(environ: dict[str, str] | None = None) -> bool:
     if not JobSettings.resolve(environ, names=("enable",)).enable:
         return False
     del environ[variable("enable")]
+    secret = environ.pop(variable("job_secret"), None)  # the job's secret, kept in this process only
+    if secret:
+        _taken_job_secret[:] = [secret]
     return True
+
+
+#: The job secret ``take_enable_switch`` took out of the environment: :meth:`Config.resolve`
+#: reads it where the environment it is given is the process's own.
+_taken_job_secret: list[str] = []
 
 
 #: Object stores: URL scheme -> (the fsspec provider that reaches it, the extra that installs it).

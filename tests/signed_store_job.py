@@ -58,7 +58,8 @@ def main() -> None:
     forged = session.get("fx_graph", "forged") if rank == 1 else None
     report = {"published": checks, "forged_loaded": forged is not None,
               "secret_set": session.config.secret is not None,
-              "job_secret_set": bool(os.environ.get("COORDINATOR_JOB_SECRET")),
+              "job_secret_set": session.config.job_secret is not None,
+              "job_secret_in_environment": "COORDINATOR_JOB_SECRET" in os.environ,
               "store_signed": session.config.store_secret is not None}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()  # after the forged lookup: rank 0's store outlives it

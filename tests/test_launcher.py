@@ -271,6 +271,7 @@ def test_a_one_node_job_signs_its_own_store_with_no_secret_set_and_refuses_a_for
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
     assert all(r["job_secret_set"] and r["store_signed"] and not r["secret_set"] for r in reports), reports
+    assert not any(r["job_secret_in_environment"] for r in reports)  # taken out as the worker started
     published = [check for r in reports for check in r["published"]]
     assert len(published) >= 2, reports  # each rank compiled a graph of its own and published it
     assert all(check["signed"] for check in published), published

@@ -22,8 +22,9 @@ codes and signal handling are torchrun's own. Before the workers start it:
   off: torchrun would give worker ``i`` only GPU ``i``, which does not exist for some;
   the script picks their devices;
 * on one node with no secret set, makes a secret for the job (``COORDINATOR_JOB_SECRET``,
-  in the workers' environment only): the values in the job's own store are signed with it,
-  and a value written there by anyone else is refused. What outlives the job (a store URL,
+  handed to the workers in their environment, which each takes it out of as it starts):
+  the values in the job's own store are signed with it, and a value written there by anyone
+  else is refused. What outlives the job (a store URL,
   the persistent layer, bundles) is signed with ``COORDINATOR_SECRET`` or not at all;
 * with ``--coordinator-restore URL``, installs the persisted bundle once for the node
   (a store it cannot reach is logged, never fatal);
@@ -35,9 +36,9 @@ codes and signal handling are torchrun's own. Before the workers start it:
 ``coordinator-run --help`` lists these options and the settings' variables, then
 torchrun's own help.
 
-Nothing else of the workers' environment changes (but the job's secret, which a worker's
-processes may read as the user can): the switch and ``PYTHONPATH`` are as the
-user set them again before the script's first line (``coordinator/_site``), and Inductor's
+Nothing else of the workers' environment changes: the switch, the job's secret and
+``PYTHONPATH`` are as the user set them again before the script's first line (the worker
+keeps the secret in memory) (``coordinator/_site``), and Inductor's
 and Triton's cache dirs are theirs (a node's workers share Inductor's default dir, as
 under torchrun).
 
