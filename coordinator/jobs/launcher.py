@@ -164,34 +164,31 @@ def help_text() -> str:
     return "\n".join(lines + ["", "torchrun's help:", ""])
 
 
-def _is_script(args: list[str]) -> bool:
-    """Whether the last of ``args`` is torchrun's positional training script."""
+def _parsed(args: list[str]) -> argparse.Namespace | None:
+    """torchrun's reading of ``args`` (quietly), or ``None`` where it refuses them."""
     try:
         with contextlib.redirect_stderr(io.StringIO()):
-            parsed, _ = _torchrun_parser().parse_known_args(args)
+            return _torchrun_parser().parse_known_args(args)[0]
     except SystemExit:
-        return False
-    return parsed.training_script == args[-1]
+        return None
+
+
+def _is_script(args: list[str]) -> bool:
+    """Whether the last of ``args`` is torchrun's positional training script."""
+    parsed = _parsed(args)
+    return parsed is not None and parsed.training_script == args[-1]
 
 
 def workers_per_node(torchrun_args: list[str]) -> str:
     """torchrun's ``--nproc-per-node`` among ``torchrun_args`` ("1" if absent)."""
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            parsed, _ = _torchrun_parser().parse_known_args(torchrun_args)
-    except SystemExit:
-        return "1"
-    return str(parsed.nproc_per_node)
+    parsed = _parsed(torchrun_args)
+    return "1" if parsed is None else str(parsed.nproc_per_node)
 
 
 def one_node(torchrun_args: list[str]) -> bool:
     """Whether torchrun's ``--nnodes`` among ``torchrun_args`` is one node ("1" or "1:1", the default)."""
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            parsed, _ = _torchrun_parser().parse_known_args(torchrun_args)
-    except SystemExit:
-        return False
-    return str(parsed.nnodes).strip() in ("1", "1:1")
+    parsed = _parsed(torchrun_args)
+    return parsed is not None and str(parsed.nnodes).strip() in ("1", "1:1")
 
 
 def job_secret(torchrun_args: list[str], environ: dict[str, str]) -> dict[str, str]:
